@@ -1,0 +1,1 @@
+"""Command-line programs: argument parsing and printing, composed from the layers below."""

@@ -1,0 +1,112 @@
+"""`caovan-sm75-doctor`: the environment report, without starting anything."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+from .. import __version__
+from ..config import Settings, load_settings, specs
+from ..policy.checks import CheckResult, Status, rollup, run_checks, sm75_line
+from ..runtime.facts import Facts
+from ..runtime.model import read_model
+from ..runtime.probe import load_facts
+from .common import run_cli
+
+PROG = "caovan-sm75-doctor"
+HEADER = f"Caovan vLLM SM75 Turbo3 external plugin v{__version__}"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Report whether this machine can serve vLLM on Turing (SM75) GPUs, what is wrong "
+                    "and how to fix it. Starts nothing and never creates a CUDA context.",
+        epilog="Exit codes: 0 runtime=PASS, 1 runtime=WARN, 2 runtime=FAIL or bad input.")
+    p.add_argument("--facts", metavar="FILE",
+                   help="read machine facts from this JSON file instead of probing (also CAOVAN_FACTS)")
+    p.add_argument("--model", metavar="PATH", help="model directory: also check its checkpoint size")
+    p.add_argument("--json", action="store_true", help="print one JSON object (report, checks and facts)")
+    p.add_argument("--settings", action="store_true",
+                   help="also show every CAOVAN_* setting with its value and where it came from")
+    p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    return p
+
+
+def settings_rows(settings: Settings) -> list[dict[str, object]]:
+    """Each setting's variable, value and source, for the report."""
+    return [{"variable": s.env_var, "value": getattr(settings, s.name), "source": settings.source(s.name)}
+            for s in specs()]
+
+
+def report(facts: Facts, results: list[CheckResult], settings: Settings, with_settings: bool) -> dict:
+    """The doctor's JSON report."""
+    status = rollup(results)
+    out: dict[str, object] = {
+        "plugin_version": __version__, "runtime": status.value, "sm75": sm75_line(facts),
+        "exit_code": status.exit_code, "checks": [r.to_dict() for r in results],
+        "warnings": list(settings.warnings), "facts": facts.to_dict()}
+    if with_settings:
+        out["settings"] = settings_rows(settings)
+    return out
+
+
+def print_text(facts: Facts, results: list[CheckResult], settings: Settings, with_settings: bool) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 110)
+    status = rollup(results)
+    console.print(HEADER)
+    console.print(f"runtime={status.value}")
+    console.print(f"sm75={sm75_line(facts)}")
+    if facts.source != "probe":
+        console.print(f"facts={facts.source}")
+    if not facts.gpus:
+        console.print("[bold]No NVIDIA GPU is visible on this machine: it cannot serve with vLLM here.[/bold]")
+    colour = {Status.PASS: "green", Status.WARN: "yellow", Status.FAIL: "red"}
+    table = Table(show_lines=False)
+    for col in ("check", "status", "detail", "remedy"):
+        table.add_column(col, overflow="fold")
+    for r in results:
+        table.add_row(r.name, f"[{colour[r.status]}]{r.status.value}[/]", r.detail, r.remedy)
+    console.print(table)
+    v = facts.versions
+    console.print(f"python {v.python or '-'}  torch {v.torch or '-'}  triton {v.triton or '-'}  "
+                  f"vllm {v.vllm or '-'}  flashinfer {v.flashinfer or '-'}  driver {v.driver or '-'}")
+    for note in facts.notes:
+        console.print(f"note: {note}")
+    for w in settings.warnings:
+        console.print(f"warning: {w}")
+    if with_settings:
+        st = Table(title="settings")
+        for col in ("variable", "value", "source"):
+            st.add_column(col)
+        for row in settings_rows(settings):
+            st.add_row(str(row["variable"]), str(row["value"]), str(row["source"]))
+        console.print(st)
+
+
+def main(argv: Sequence[str]) -> int:
+    args = build_parser().parse_args(argv)
+    settings = load_settings(os.environ, None, {"facts": args.facts})
+    facts = load_facts(settings.facts)
+    model = read_model(args.model) if args.model else None
+    results = run_checks(facts, model)
+    if args.json:
+        print(json.dumps(report(facts, results, settings, args.settings), indent=2))
+    else:
+        print_text(facts, results, settings, args.settings)
+    return rollup(results).exit_code
+
+
+def entry() -> int:
+    """Console-script entry point."""
+    return run_cli(PROG, main)
+
+
+if __name__ == "__main__":
+    sys.exit(entry())

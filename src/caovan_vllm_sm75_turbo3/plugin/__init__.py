@@ -1,0 +1,1 @@
+"""Code that runs inside vLLM processes (the `vllm.general_plugins` entry point)."""

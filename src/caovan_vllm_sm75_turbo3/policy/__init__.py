@@ -1,0 +1,1 @@
+"""Pure decisions: facts + settings -> checks, env changes, vLLM arguments, status lines. No I/O."""

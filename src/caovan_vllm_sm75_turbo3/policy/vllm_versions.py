@@ -1,0 +1,116 @@
+"""What differs between vLLM releases, in one table. Every version-dependent decision reads it.
+
+Ranges are by release (major.minor), inclusive at both ends; `None` means open.
+Sources are DESIGN.md's "vLLM facts" (read from each release's source).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from packaging.version import InvalidVersion, Version
+
+REFERENCE = "0.21.0"
+SUPPORTED_MIN = "0.21.0"
+SUPPORTED_MAX_MINOR = "0.34"   # 0.34.x is the newest release we read
+TESTED = ("0.21.0",)           # run end to end in CI; the rest is read from source
+
+
+@dataclass(frozen=True)
+class ReleaseFeature:
+    """A fact that holds for vLLM releases `since` ... `until` (inclusive, major.minor)."""
+
+    name: str
+    since: str | None
+    until: str | None
+    why: str
+
+
+FEATURES: tuple[ReleaseFeature, ...] = (
+    ReleaseFeature("env:VLLM_RPC_TIMEOUT", None, "0.22", "RPC timeout (ms) between API server and engine"),
+    ReleaseFeature("env:VLLM_ENGINE_ITERATION_TIMEOUT_S", None, "0.31", "engine iteration timeout"),
+    ReleaseFeature("env:VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", None, None,
+                   "multi-process execute_model timeout (default 300 s, used with TP>1)"),
+    ReleaseFeature("env:VLLM_USE_FLASHINFER_SAMPLER", None, None, "FlashInfer top-k/top-p sampler switch"),
+    ReleaseFeature("flashinfer-on-sm75", None, "0.23",
+                   "FlashInfer attention and sampler still run below SM80 (refused from 0.24)"),
+    ReleaseFeature("triton-attn-fp8-kv-on-sm75", None, "0.23",
+                   "Triton attention accepts fp8 KV below SM89 (rejected from 0.24)"),
+    ReleaseFeature("vllm-overrides-triton-cache-dir", None, "0.30",
+                   "vLLM sets TRITON_CACHE_DIR inside its own compile cache"),
+    ReleaseFeature("gdn:legacy-gdn-linear-attn-v020", None, "0.21",
+                   "GDN layer in mamba/gdn_linear_attn.py (GatedDeltaNetAttention)"),
+    ReleaseFeature("gdn:modular-qwen-gdn-v022", "0.22", None,
+                   "GDN layer in mamba/gdn/qwen_gdn_linear_attn.py (QwenGatedDeltaNetAttention)"),
+    ReleaseFeature("fla-ops-in-third-party", "0.26", None,
+                   "FLA ops live in vllm.third_party.flash_linear_attention.ops"),
+    ReleaseFeature("arg:--mamba-cache-mode", None, None, "mamba cache mode flag"),
+    ReleaseFeature("mamba-align-for-prefix-cache", None, "0.33",
+                   "--mamba-cache-mode align is needed for prefix caching on hybrid models"),
+    ReleaseFeature("spec-method:qwen3_5_mtp", None, "0.21", "the qwen3_5_mtp method name (mapped to mtp)"),
+)
+
+# FlashInfer release each vLLM release was built and tested with.
+KNOWN_GOOD_FLASHINFER: dict[str, str] = {"0.21": "0.6.8.post1"}
+
+
+def parse(version: str | None) -> Version | None:
+    """A vLLM version, or None when absent or unparseable (local suffixes kept)."""
+    if not version:
+        return None
+    try:
+        return Version(version)
+    except InvalidVersion:
+        return None
+
+
+def minor(version: str | None) -> str | None:
+    """'0.21' for '0.21.0+cu130'."""
+    v = parse(version)
+    return f"{v.major}.{v.minor}" if v else None
+
+
+def _key(mm: str) -> tuple[int, int]:
+    major, minor_ = mm.split(".")
+    return int(major), int(minor_)
+
+
+def has(feature: str, version: str | None) -> bool | None:
+    """Whether vLLM `version` has `feature`; None when the version is unknown."""
+    mm = minor(version)
+    if mm is None:
+        return None
+    row = next((f for f in FEATURES if f.name == feature), None)
+    if row is None:
+        raise KeyError(f"unknown vLLM release feature {feature!r}")
+    k = _key(mm)
+    return (row.since is None or k >= _key(row.since)) and (row.until is None or k <= _key(row.until))
+
+
+def feature(name: str) -> ReleaseFeature:
+    """The table row for `name`."""
+    return next(f for f in FEATURES if f.name == name)
+
+
+def support_status(version: str | None) -> str:
+    """'reference', 'tested', 'supported-untested', 'too-old', 'too-new' or 'unknown'."""
+    v = parse(version)
+    if v is None:
+        return "unknown"
+    if v < Version(SUPPORTED_MIN):
+        return "too-old"
+    if _key(f"{v.major}.{v.minor}") > _key(SUPPORTED_MAX_MINOR):
+        return "too-new"
+    if v.base_version == REFERENCE:
+        return "reference"
+    if v.base_version in TESTED:
+        return "tested"
+    return "supported-untested"
+
+
+def gdn_family(version: str | None) -> str | None:
+    """The GDN interface family name we expect for this release (detection confirms it)."""
+    for f in FEATURES:
+        if f.name.startswith("gdn:") and has(f.name, version):
+            return f.name.removeprefix("gdn:")
+    return None
