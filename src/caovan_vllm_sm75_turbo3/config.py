@@ -236,7 +236,7 @@ def settings_table_markdown() -> str:
     rows = ["| variable | additional-config key | flag | default | accepted | what it does |",
             "|---|---|---|---|---|---|"]
     for s in specs():
-        default = {True: "1", False: "0"}.get(s.default, s.default) if s.kind == "bool" else s.default
+        default = ({True: "1", False: "0"}[s.default] if s.kind == "bool" else s.default) or "(empty)"
         rows.append(f"| `{s.env_var}` | `{s.config_key}` | {f'`{s.cli_flag}`' if s.cli_flag else ''} | "
                     f"`{default}` | {s.accepted()} | {s.doc} |")
     return "\n".join(rows)
