@@ -128,7 +128,8 @@ class Facts:
         data = dict(data)
         data.pop("schema", None)
         try:
-            gpus_raw = data.pop("gpus", []) or []
+            gpus_raw = data.pop("gpus", None)
+            gpus_raw = [] if gpus_raw is None else gpus_raw
             if not isinstance(gpus_raw, list):
                 raise TypeError("'gpus' must be a list")
             gpus = []
@@ -142,15 +143,15 @@ class Facts:
                 gpus.append(GpuFact(**known, extra=extra))
             parts: dict[str, Any] = {}
             for key, kind in (("host", HostFacts), ("versions", Versions), ("toolchain", Toolchain)):
-                raw = data.pop(key, {}) or {}
+                raw = data.pop(key, None)
+                raw = {} if raw is None else raw
                 if not isinstance(raw, dict):
                     raise TypeError(f"'{key}' must be an object")
                 known, extra = _split_known(kind, raw)
                 parts[key] = kind(**known, extra=extra)
             known, extra = _split_known(cls, data)
-            known.pop("source", None)
-            return cls(gpus=gpus, **parts, **{k: v for k, v in known.items() if k not in parts},
-                       source=source, extra=extra)
+            known.pop("source", None)  # where these facts came from is where we read them now
+            return cls(gpus=gpus, **parts, **known, source=source, extra=extra)
         except TypeError as err:
             raise FactsError(f"facts from {source} do not have the expected shape: {err}") from None
 

@@ -1,0 +1,52 @@
+"""Shared test helpers: crafted facts for hardware we do not have."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+
+_TI = {"name": "NVIDIA GeForce RTX 2080 Ti", "compute_capability": "7.5", "memory_total_mib": 22528}
+_BASE: dict[str, Any] = {
+    "gpus": [dict(_TI, index=0), dict(_TI, index=1)],
+    "host": {"memory_total_mib": 65536, "memory_available_mib": 60000, "swap_total_mib": 8192, "cpu_count": 12},
+    "versions": {"python": "3.11.7", "torch": "2.11.0", "torch_cuda": "13.0", "torch_sm75": True,
+                 "triton": "3.6.0", "vllm": "0.21.0", "flashinfer": "0.6.8.post1",
+                 "nvcc": "13.0", "ptxas": "13.0", "driver": "580.95.05"},
+    "toolchain": {"nvcc_path": "/usr/local/cuda/bin/nvcc", "ptxas_path": "/usr/local/cuda/bin/ptxas"},
+}
+
+
+def facts_dict(**changes: Any) -> dict[str, Any]:
+    """The 2 x 2080 Ti 22G / 64 GiB reference machine, with top-level sections replaced or merged.
+
+    `gpus=[...]` replaces the list; `host={...}` / `versions={...}` merge into that section.
+    """
+    data = copy.deepcopy(_BASE)
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key].update(value)
+        else:
+            data[key] = value
+    return data
+
+
+T4 = {"name": "Tesla T4", "compute_capability": "7.5", "memory_total_mib": 15360}
+RTX3090 = {"name": "NVIDIA GeForce RTX 3090", "compute_capability": "8.6", "memory_total_mib": 24576}
+TI22 = _TI
+
+
+@pytest.fixture
+def write_facts(tmp_path: Path):
+    """Write a facts dict to a temporary JSON file and return its path."""
+    def _write(data: dict[str, Any], name: str = "facts.json") -> Path:
+        p = tmp_path / name
+        p.write_text(json.dumps(data))
+        return p
+    return _write
