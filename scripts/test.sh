@@ -8,7 +8,6 @@ PY=${PYTHON:-python3}
 if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import vllm" 2>/dev/null; then
   echo "== creating $VENV with vllm==0.21.0 (about 5 minutes, 8 GB)"
   "$PY" -m venv "$VENV"
-  "$VENV/bin/pip" install -q --upgrade pip
   "$VENV/bin/pip" install -q "vllm==0.21.0"
 fi
 "$VENV/bin/pip" install -q -e ".[test]"
