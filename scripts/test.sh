@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${CAOVAN_TEST_VENV:-.venv}
 PY=${PYTHON:-python3}
-if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import vllm" 2>/dev/null; then
+if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import importlib.metadata as m; assert m.version('vllm') == '0.21.0'" 2>/dev/null; then
   echo "== creating $VENV with vllm==0.21.0 (about 5 minutes, 8 GB)"
   "$PY" -m venv "$VENV"
   "$VENV/bin/pip" install -q "vllm==0.21.0"
