@@ -1,0 +1,308 @@
+"""Where the isolated JIT caches live, their manifest, and the in-use lock a running server holds.
+
+    <root>/envs/<key name>/            one environment (see caches.key)
+        triton/ inductor/ vllm/ ...    one directory per cache variable (CACHE_DIRS)
+        manifest.json                  key, components, created, last_used, plugin_version
+        .manifest.lock                 serialises manifest writers (filelock)
+        .in-use.lock                   SHARED flock held by every process serving from this key;
+                                       the cleaner takes it EXCLUSIVE, so it never deletes under a server
+        in-use/<pid>                   who holds it (pid and process start time)
+
+Nothing here deletes a cache; that is caches.clean.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import psutil
+from filelock import FileLock, Timeout
+
+from .. import __version__
+from ..errors import CaovanError
+from .key import EnvKey
+
+CACHE_DIRS: dict[str, str] = {
+    "TRITON_CACHE_DIR": "triton", "TORCHINDUCTOR_CACHE_DIR": "inductor", "VLLM_CACHE_ROOT": "vllm",
+    "FLASHINFER_WORKSPACE_BASE": "flashinfer", "TORCH_EXTENSIONS_DIR": "torch_extensions",
+    "CUDA_CACHE_PATH": "cuda"}
+ROOT_NAME = "caovan-sm75-turbo3"
+ENVS = "envs"
+MANIFEST = "manifest.json"
+MANIFEST_LOCK = ".manifest.lock"
+IN_USE_LOCK = ".in-use.lock"
+IN_USE_DIR = "in-use"
+MANIFEST_SCHEMA = 1
+LOCK_TIMEOUT_S = 30.0
+_MANIFEST_MAX_BYTES = 1 << 20
+
+
+def cache_root(cache_dir_setting: str, env: Mapping[str, str]) -> Path:
+    """The root of our caches: the setting if non-empty, else ${XDG_CACHE_HOME:-$HOME/.cache}/caovan-sm75-turbo3.
+
+    A relative XDG_CACHE_HOME is ignored, as the XDG spec says.
+    """
+    if cache_dir_setting:
+        return Path(cache_dir_setting)
+    xdg = env.get("XDG_CACHE_HOME", "")
+    if xdg and os.path.isabs(xdg):
+        return Path(xdg) / ROOT_NAME
+    home = env.get("HOME") or os.path.expanduser("~")
+    return Path(home) / ".cache" / ROOT_NAME
+
+
+@dataclass(frozen=True)
+class KeyDir:
+    """One environment key's directory under a cache root."""
+
+    root: Path
+    key: EnvKey
+
+    @property
+    def path(self) -> Path:
+        return self.root / ENVS / self.key.name
+
+    def env_dirs(self) -> dict[str, Path]:
+        """Cache environment variable -> its directory for this key."""
+        return {var: self.path / sub for var, sub in CACHE_DIRS.items()}
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.path / MANIFEST
+
+
+def existing_keys(root: Path) -> list[str]:
+    """Names of the key directories under `root/envs`, sorted; [] when there are none. Read-only."""
+    try:
+        with os.scandir(root / ENVS) as it:
+            return sorted(e.name for e in it if e.is_dir(follow_symlinks=False))
+    except OSError:
+        return []
+
+
+def _has_file(top: Path) -> bool:
+    """True when `top` holds any non-directory entry (symlinks are not followed); unreadable counts as True."""
+    stack = [top]
+    while stack:
+        d = stack.pop()
+        try:
+            with os.scandir(d) as it:
+                for e in it:
+                    if e.is_dir(follow_symlinks=False):
+                        stack.append(Path(e.path))
+                    else:
+                        return True
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return True  # cannot prove it empty
+    return False
+
+
+def is_empty(keydir: KeyDir) -> bool:
+    """True when no cache subdirectory of `keydir` holds a file yet (a cold start will compile)."""
+    return not any(_has_file(d) for d in keydir.env_dirs().values())
+
+
+@dataclass
+class PrepareResult:
+    """What prepare() found: `created` when this call wrote the key's first manifest."""
+
+    created: bool
+    was_empty: bool
+    other_keys: list[str] = field(default_factory=list)
+
+
+def _iso(t: datetime) -> str:
+    return t.astimezone(timezone.utc).isoformat(timespec="seconds")
+
+
+def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Write to a temporary file in the same directory, fsync, then os.replace: readers see old or new."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2, sort_keys=True)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def prepare(keydir: KeyDir, now: datetime | None = None) -> PrepareResult:
+    """Create the key directory and its cache subdirectories, and create or update manifest.json.
+
+    Safe to call from many threads and processes at once (the manifest is written under
+    `.manifest.lock`, atomically). Never deletes anything. Raises CaovanError when the
+    directory cannot be created or the lock is not free within LOCK_TIMEOUT_S.
+    """
+    now = now or datetime.now(timezone.utc)
+    path = keydir.path
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        was_empty = is_empty(keydir)
+        for d in keydir.env_dirs().values():
+            d.mkdir(exist_ok=True)
+        with FileLock(str(path / MANIFEST_LOCK), timeout=LOCK_TIMEOUT_S):
+            old = read_manifest(path)
+            created = old is None
+            first = old.get("created") if old else None
+            _write_json_atomic(keydir.manifest_path, {
+                "schema": MANIFEST_SCHEMA, "key": keydir.key.name, "components": keydir.key.components,
+                "created": first if isinstance(first, str) else _iso(now), "last_used": _iso(now),
+                "plugin_version": __version__})
+    except Timeout:
+        raise CaovanError(f"the cache manifest lock {path / MANIFEST_LOCK} was not free within "
+                          f"{LOCK_TIMEOUT_S:.0f} s; another caovan process is stuck holding it") from None
+    except OSError as err:
+        raise CaovanError(f"cannot prepare the JIT cache directory {path}: {err.strerror or err}. "
+                          "Set CAOVAN_CACHE_DIR (or --cache-dir) to a writable directory.") from None
+    other = [k for k in existing_keys(keydir.root) if k != keydir.key.name]
+    return PrepareResult(created=created, was_empty=was_empty, other_keys=other)
+
+
+def read_manifest(keydir_path: Path) -> dict | None:
+    """The key directory's manifest as a dict; None when absent, unreadable or corrupt. Never raises."""
+    try:
+        with open(Path(keydir_path) / MANIFEST, "rb") as f:
+            raw = f.read(_MANIFEST_MAX_BYTES + 1)
+        if len(raw) > _MANIFEST_MAX_BYTES:
+            return None
+        data = json.loads(raw.decode("utf-8"))
+    except (OSError, ValueError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _start_time(pid: int) -> float | None:
+    """The process's start time, or None when it does not exist (or is a zombie)."""
+    try:
+        p = psutil.Process(pid)
+        if p.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return p.create_time()
+    except psutil.AccessDenied:
+        return -1.0  # alive, start time unknown
+    except psutil.Error:
+        return None
+
+
+def _alive(pid: int, recorded_start: float | None) -> bool:
+    """Alive and, where both start times are known, the same process (not a reused pid)."""
+    started = _start_time(pid)
+    if started is None:
+        return False
+    if started < 0 or recorded_start is None:
+        return True
+    return abs(started - recorded_start) < 1.0
+
+
+def _pid_files(keydir_path: Path) -> list[tuple[int, float | None, Path]]:
+    out = []
+    try:
+        with os.scandir(Path(keydir_path) / IN_USE_DIR) as it:
+            entries = [e for e in it if e.name.isdigit() and e.is_file(follow_symlinks=False)]
+    except OSError:
+        return []
+    for e in entries:
+        start: float | None = None
+        try:
+            data = json.loads(Path(e.path).read_text(encoding="utf-8"))
+            start = float(data["start_time"]) if isinstance(data, dict) and data.get("start_time") else None
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        out.append((int(e.name), start, Path(e.path)))
+    return out
+
+
+def _locked_live(fd: int, lock_path: Path) -> bool:
+    """True when `fd` is still the file at `lock_path` (a cleaner may have removed it before we locked)."""
+    try:
+        st, fst = os.stat(lock_path, follow_symlinks=False), os.fstat(fd)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == (fst.st_dev, fst.st_ino)
+
+
+def hold_in_use(keydir: KeyDir, wait_s: float = LOCK_TIMEOUT_S) -> int:
+    """Mark `keydir` in use by this process until it exits; returns the lock's file descriptor.
+
+    Takes a SHARED flock on `.in-use.lock` and clears FD_CLOEXEC, so the lock survives
+    os.execvp into vLLM (same pid) and is released by the kernel when the process ends.
+    Records the pid in `in-use/<pid>` so the cleaner can say who holds it. Waits up to
+    `wait_s` while `caovan-sm75-cache clean` holds the lock exclusively.
+    """
+    path = keydir.path
+    lock_path = path / IN_USE_LOCK
+    deadline = time.monotonic() + wait_s
+    try:
+        while True:
+            (path / IN_USE_DIR).mkdir(parents=True, exist_ok=True)
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                if _locked_live(fd, lock_path):
+                    break
+            except BlockingIOError:
+                pass  # the cleaner holds it exclusively: wait
+            except OSError:
+                os.close(fd)
+                raise
+            os.close(fd)
+            if time.monotonic() > deadline:
+                raise CaovanError(f"the JIT cache {path} is being cleaned (caovan-sm75-cache holds "
+                                  f"{lock_path}); wait for it to finish, then start again")
+            time.sleep(0.1)
+        os.set_inheritable(fd, True)
+        pid = os.getpid()
+        _write_json_atomic(path / IN_USE_DIR / str(pid), {"pid": pid, "start_time": _start_time(pid)})
+    except OSError as err:
+        raise CaovanError(f"cannot mark the JIT cache {path} in use: {err.strerror or err}") from None
+    for other, start, pid_file in _pid_files(path):
+        if other != pid and not _alive(other, start):
+            try:  # a record left by a process that died; best effort
+                os.unlink(pid_file)
+            except OSError:
+                pass
+    return fd
+
+
+def lock_is_held(keydir_path: Path) -> bool:
+    """True when some process holds `.in-use.lock` (shared or exclusive). Never raises."""
+    try:
+        fd = os.open(Path(keydir_path) / IN_USE_LOCK, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def users(keydir_path: Path) -> list[int]:
+    """Pids that hold the key's in-use lock (recorded, alive, lock not free); [] when nobody does. Never raises."""
+    try:
+        if not lock_is_held(keydir_path):
+            return []
+        return sorted(pid for pid, start, _ in _pid_files(keydir_path) if _alive(pid, start))
+    except Exception:  # contract: never raises
+        return []
