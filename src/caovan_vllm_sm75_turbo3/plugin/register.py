@@ -1,9 +1,23 @@
-"""The vLLM general-plugin entry point. vLLM calls `register()` in every process, maybe often."""
+"""The vLLM general-plugin entry point. vLLM calls `register()` in every process, maybe often.
+
+The first vLLM process of a launch (the API server, or the one `caovan-vllm-serve` became)
+plans with the same policy as the launcher, sets the environment its children inherit and
+logs the banner; every later process sees the mark it left and logs one short line.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
+from collections.abc import Sequence
+
+from ..caches.layout import hold_in_use
+from ..config import load_settings
+from ..policy.banner import banner_lines, worker_line
+from ..policy.plan import Plan
+from ..policy.vllm_args import read_vllm_args
+from .apply import APPLIED_MARK, Turbo3Refused, apply_env, plan_launch
 
 logger = logging.getLogger("caovan_vllm_sm75_turbo3")
 
@@ -11,20 +25,62 @@ logger = logging.getLogger("caovan_vllm_sm75_turbo3")
 _REGISTERED = False
 
 
+def _show_through_vllm_logging() -> None:
+    """vLLM configures only its own `vllm` logger; without a handler of ours, use its handlers."""
+    vllm_logger = logging.getLogger("vllm")
+    if logger.handlers or not vllm_logger.handlers:
+        return
+    for handler in vllm_logger.handlers:
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
+def serve_args(argv: Sequence[str]) -> list[str]:
+    """The `vllm serve` arguments of this process's command line; [] for anything else."""
+    if len(argv) > 1 and argv[1] == "serve":
+        return list(argv[2:])
+    if argv and os.path.basename(argv[0]) == "api_server.py":
+        return list(argv[1:])
+    return []
+
+
+def apply_guards() -> Plan | None:
+    """Plan and apply the guards in the first process; log one line in the others.
+
+    Returns the plan where one was made. Raises Turbo3Refused only when require-turbo3 is on
+    and the accelerated path cannot be active; any other problem is logged, never raised.
+    """
+    mark = os.environ.get(APPLIED_MARK)
+    if mark:
+        logger.info(worker_line(mark, os.getpid()))
+        return None
+    try:
+        args = read_vllm_args(serve_args(sys.argv))
+        settings = load_settings(os.environ, args.additional_config)
+        if not settings.active:
+            logger.info("Caovan SM75 Turbo3: disabled by settings (enable=%s, mode=%s)",
+                        settings.enable, settings.mode)
+            return None
+        prepared = plan_launch(os.environ, args, write=True)
+        plan = prepared.plan
+        if plan.refusal is None and prepared.keydir:
+            hold_in_use(prepared.keydir)  # held until this process ends: the cleaner sees the server
+    except Exception as err:  # a plugin must not take vLLM down
+        logger.warning("Caovan SM75 Turbo3: guards not applied in this process (pid %d): %s", os.getpid(), err)
+        return None
+    logger.info("\n".join(banner_lines(plan)))
+    if plan.refusal:
+        raise Turbo3Refused(plan.refusal)
+    apply_env(plan, os.environ, f"vLLM process pid {os.getpid()}")
+    return plan
+
+
 def register() -> None:
-    """Apply the plugin once per process. Cheap, idempotent, and never raises into vLLM."""
+    """Apply the plugin once per process. Cheap, idempotent; raises only for require-turbo3."""
     global _REGISTERED
     if _REGISTERED:
         return
     _REGISTERED = True
-    try:
-        from ..config import load_settings
-
-        settings = load_settings(os.environ)
-        if not settings.active:
-            logger.info("Caovan SM75 Turbo3: disabled by settings (enable=%s, mode=%s)",
-                        settings.enable, settings.mode)
-            return
-        logger.info("Caovan SM75 Turbo3 plugin loaded (pid %d)", os.getpid())
-    except Exception as err:  # a plugin must not take vLLM down; require-turbo3 is handled by the guards
-        logger.warning("Caovan SM75 Turbo3: plugin inactive in this process: %s", err)
+    _show_through_vllm_logging()
+    apply_guards()

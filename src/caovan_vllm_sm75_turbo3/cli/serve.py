@@ -1,0 +1,153 @@
+"""`caovan-vllm-serve MODEL [vLLM args]`: check, guard, isolate caches, print the banner, exec `vllm serve`.
+
+Our own flags are taken out of the argument list wherever they appear; everything else
+goes to vLLM exactly as typed. The process becomes vLLM (os.execvpe), so signals, exit
+codes and logs are vLLM's own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..caches.layout import hold_in_use
+from ..errors import CaovanError
+from ..plugin.apply import apply_env, plan_launch
+from ..policy.banner import banner_lines
+from ..policy.plan import Plan
+from ..policy.vllm_args import canonical, read_vllm_args
+from .common import run_cli
+
+PROG = "caovan-vllm-serve"
+# Our flags; a test checks that vLLM 0.21's `vllm serve` parser has none of them.
+BOOL_FLAGS = ("--dry-run", "--json", "--help", "-h")
+VALUE_FLAGS = ("--facts", "--profile", "--cache-dir")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG, allow_abbrev=False,
+        usage=f"{PROG} MODEL [vLLM serve arguments] [--dry-run] [--json] [--facts FILE] "
+              "[--profile NAME] [--cache-dir DIR]",
+        description="Start vLLM's OpenAI server on Turing (SM75) GPUs: check the runtime, apply the SM75 "
+                    "guards, give this environment its own JIT caches, print the status banner, then "
+                    "exec `vllm serve MODEL [vLLM serve arguments]` with your arguments unchanged "
+                    "(see `vllm serve --help` for those). Your own environment variables and "
+                    "arguments always win.",
+        epilog="Exit codes: --dry-run/--json 0; 2 for bad input, runtime=FAIL or a require-turbo3 "
+               "refusal (before vLLM starts); otherwise vLLM's own.")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the plan (environment changes with reasons, final argv) and exit; writes nothing")
+    p.add_argument("--json", action="store_true", help="print the plan as one JSON object and exit (implies --dry-run)")
+    p.add_argument("--facts", metavar="FILE",
+                   help="plan with machine facts from this JSON file (caovan-sm75-doctor --json) instead of "
+                        "probing this machine (also CAOVAN_FACTS)")
+    p.add_argument("--profile", metavar="NAME",
+                   help="launch profile: a name, auto or none (also CAOVAN_PROFILE); profiles that fill "
+                        "vLLM arguments are not in this release")
+    p.add_argument("--cache-dir", metavar="DIR",
+                   help="root of the isolated JIT caches (also CAOVAN_CACHE_DIR; default "
+                        "${XDG_CACHE_HOME:-$HOME/.cache}/caovan-sm75-turbo3)")
+    return p
+
+
+def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Separate our flags (wherever they are) from vLLM's arguments, keeping each list's order."""
+    ours: list[str] = []
+    theirs: list[str] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        name, eq, _ = token.partition("=")
+        name = canonical(name) if name.startswith("--") else name
+        if name in BOOL_FLAGS and not eq:
+            ours.append(name)
+        elif name in VALUE_FLAGS:
+            if eq:
+                ours.append(name + token[token.index("="):])
+            else:
+                ours.append(name)
+                if i + 1 < len(argv):
+                    ours.append(argv[i + 1])
+                    i += 1
+        else:
+            theirs.append(token)
+        i += 1
+    return ours, theirs
+
+
+def find_vllm() -> str:
+    """The `vllm` command of this Python environment, else the one on PATH."""
+    beside = Path(sys.executable).parent / "vllm"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    found = shutil.which("vllm")
+    if not found:
+        raise CaovanError("vLLM's `vllm` command was not found next to this Python or on PATH: "
+                          "install vLLM (pip install vllm==0.21.0) into this environment.")
+    return found
+
+
+def _program() -> str | None:
+    try:
+        return find_vllm()
+    except CaovanError:
+        return None
+
+
+def plan_text(plan: Plan, program: str | None) -> list[str]:
+    """The dry-run report: the banner, then the final command and what a launch would do."""
+    lines = banner_lines(plan)
+    lines.append("argv: " + shlex.join(plan.argv))
+    lines.append("vllm_program: " + (program or "not found (a launch would stop)"))
+    stop = plan.stop_reason()
+    lines.append(f"launch: would stop: {stop}" if stop else "launch: would exec vLLM with the environment above")
+    lines.append("dry run: nothing was written and vLLM was not started")
+    return lines
+
+
+def main(argv: Sequence[str]) -> int:
+    ours, theirs = split_argv(argv)
+    opts = build_parser().parse_args(ours)
+    args = read_vllm_args(theirs)
+    dry = opts.dry_run or opts.json
+    cli = {"facts": opts.facts, "profile": opts.profile, "cache_dir": opts.cache_dir}
+    prepared = plan_launch(os.environ, args, cli, write=not dry, say=lambda s: print(s, flush=True))
+    plan = prepared.plan
+    if opts.json:
+        print(json.dumps({**plan.to_dict(), "vllm_program": _program(), "dry_run": True}, indent=2))
+        return 0
+    if dry:
+        print("\n".join(plan_text(plan, _program())))
+        return 0
+    print("\n".join(banner_lines(plan)), flush=True)
+    stop = plan.stop_reason()
+    if stop:
+        raise CaovanError(stop)
+    program = find_vllm()
+    env = dict(os.environ)
+    if plan.active:
+        if prepared.keydir:
+            hold_in_use(prepared.keydir)  # the fd survives exec: the cleaner sees this server
+        apply_env(plan, env, f"{PROG} (pid {os.getpid()})")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execve(program, plan.argv, env)
+    except OSError as err:
+        raise CaovanError(f"cannot start {program}: {err.strerror or err}") from None
+
+
+def entry() -> int:
+    """Console-script entry point."""
+    return run_cli(PROG, main)
+
+
+if __name__ == "__main__":
+    sys.exit(entry())

@@ -1,0 +1,92 @@
+"""Gather the launch policy's inputs from this machine, run it, and (when asked) carry it out.
+
+Shared by `caovan-vllm-serve` (before it execs vLLM) and by `register()` in the first vLLM
+process of a plain `vllm serve`, so both make the same decisions. With `write=False`
+nothing is written anywhere (the `--dry-run` plan); with `write=True` the environment
+key's cache directories are created and, in probe mode, FlashInfer's sampler is
+test-built once per key and toolchain.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..caches.key import env_key
+from ..caches.layout import KeyDir, cache_root, existing_keys, is_empty, prepare
+from ..config import Settings, load_settings
+from ..errors import CaovanError
+from ..policy.guards import CacheState
+from ..policy.plan import Plan, make_plan
+from ..policy.vllm_args import VllmArgs
+from ..runtime import flashinfer_probe as fp
+from ..runtime.facts import Facts
+from ..runtime.probe import load_facts
+
+# Set in the environment vLLM's processes inherit once the guards are applied, so that
+# workers log one short line instead of planning again. Not a CAOVAN_* setting.
+APPLIED_MARK = "_CAOVAN_APPLIED"
+
+
+class Turbo3Refused(CaovanError):
+    """require-turbo3 is on and the accelerated path cannot be active."""
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A plan with the inputs it was made from."""
+
+    plan: Plan
+    settings: Settings
+    facts: Facts
+    keydir: KeyDir | None
+
+
+def _cache_state(keydir: KeyDir) -> CacheState:
+    """The key directory as it is now (read-only)."""
+    return CacheState(root=str(keydir.root), key=keydir.key.name, path=str(keydir.path),
+                      env_dirs={var: str(p) for var, p in keydir.env_dirs().items()},
+                      empty=is_empty(keydir),
+                      other_keys=tuple(k for k in existing_keys(keydir.root) if k != keydir.key.name))
+
+
+def plan_launch(env: Mapping[str, str], args: VllmArgs, cli: Mapping[str, Any] | None = None, *,
+                write: bool, say: Callable[[str], None] = lambda _: None) -> Prepared:
+    """Plan a launch for `args` in `env`. Raises CaovanError for bad settings or facts files.
+
+    `cli` holds our own flags' values (setting name -> value, None when not given); `say`
+    receives progress lines for slow steps (the sampler test build).
+    """
+    settings = load_settings(env, args.additional_config, cli)
+    facts = load_facts(settings.facts, env)
+    keydir = None
+    if settings.active and settings.cache_isolation and facts.sm75_count:
+        keydir = KeyDir(cache_root(settings.cache_dir, env), env_key(facts))
+    # Read the cache before prepare() creates it, so the plan can tell a cold start.
+    state = _cache_state(keydir) if keydir else None
+    plan = make_plan(facts, settings, env, args, state)
+    if plan.status.get("flashinfer_sampler") != "probe-pending":
+        if write and keydir and plan.stop_reason() is None:
+            prepare(keydir)
+        return Prepared(plan, settings, facts, keydir)
+    child_env = {**env, **plan.env_updates()}
+    fingerprint = fp.toolchain_fingerprint(child_env, facts.toolchain.nvcc_path, facts.versions.nvcc)
+    result = fp.read_cached(keydir.path, fingerprint) if keydir else None
+    if write and plan.stop_reason() is None:
+        if keydir:
+            prepare(keydir)
+        if result is None:
+            say(f"flashinfer_sampler: test-building FlashInfer's sampler (up to {settings.probe_timeout_s} s) ...")
+            result = fp.run_probe(child_env, settings.probe_timeout_s, fingerprint)
+            if keydir:
+                fp.store(keydir.path, result)
+    if result is not None:
+        plan = make_plan(facts, settings, env, args, state, result)
+    return Prepared(plan, settings, facts, keydir)
+
+
+def apply_env(plan: Plan, environ: MutableMapping[str, str], applied_by: str) -> None:
+    """Set the plan's variables (never one the user set) and the mark children recognise."""
+    environ.update(plan.env_updates())
+    environ[APPLIED_MARK] = applied_by

@@ -1,0 +1,43 @@
+"""Whether our accelerated path (the Turing GDN prefill through vLLM's GDN layer) can be active.
+
+One place answers this, for the `gdn_legacy=` status line and for require-turbo3. Today the
+plugin does not yet dispatch a GDN kernel into vLLM, so the path is never active and the
+line says so truthfully; the dispatch module replaces `gdn_state` when it lands.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import Settings
+from ..runtime.facts import Facts
+from . import vllm_versions as vv
+
+
+@dataclass(frozen=True)
+class GdnState:
+    """The `gdn_legacy=` value, whether our kernel serves GDN prefill, and why (or why not)."""
+
+    line: str
+    active: bool
+    reasons: tuple[str, ...]
+
+
+def gdn_state(facts: Facts, settings: Settings) -> GdnState:
+    """What serves GDN prefill with these facts and settings."""
+    if settings.gdn_legacy_disable:
+        return GdnState("disabled-by-user", False, (
+            f"CAOVAN_GDN_LEGACY_DISABLE=1 ({settings.source('gdn_legacy_disable')}) keeps vLLM's own GDN prefill",))
+    reasons = []
+    if facts.sm75_count == 0:
+        reasons.append(f"no SM75 GPU (sm75=0/{len(facts.gpus)})")
+    status = vv.support_status(facts.versions.vllm)
+    if status in ("unknown", "too-old", "too-new"):
+        reasons.append(f"vLLM {facts.versions.vllm or '(not installed)'} is outside the supported "
+                       f"releases {vv.SUPPORTED_MIN} to {vv.SUPPORTED_MAX_MINOR}.x")
+    elif vv.gdn_family(facts.versions.vllm) is None:
+        reasons.append(f"no known GDN interface for vLLM {facts.versions.vllm}")
+    if settings.mode == "guards":
+        reasons.append(f"mode=guards ({settings.source('mode')}) keeps vLLM's own kernels")
+    reasons.append("this plugin release has no GDN kernel dispatch yet: vLLM's own Triton GDN prefill runs")
+    return GdnState("upstream-no-caovan-kernel", False, tuple(reasons))

@@ -1,0 +1,158 @@
+"""The launch plan: one pure function from (facts, settings, the user's env and vLLM args) to
+environment changes, the final vLLM argv, status lines, warnings and, when it must, a refusal.
+
+`caovan-vllm-serve` and the in-process `register()` both call `make_plan`, so a plain
+`vllm serve` gets the same decisions. `filled_args` is where launch profiles add the vLLM
+arguments the user did not give (each with its reason); the argv is the user's, intact,
+followed by those.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from .. import __version__
+from ..config import Settings
+from ..runtime.facts import Facts
+from ..runtime.flashinfer_probe import SamplerProbe
+from .accel import gdn_state
+from .checks import CheckResult, Status, rollup, run_checks, sm75_line
+from .guards import CacheState, EnvChange, GuardResult, arch_guard, cache_guard, sampler_guard, timeout_guard
+from .vllm_args import VllmArgs
+
+HEADER = f"Caovan vLLM SM75 Turbo3 external plugin v{__version__}"
+POST_START_WARMUP = "disabled-default"  # never warm up from inside the server: it raced the first compile
+
+
+@dataclass(frozen=True)
+class FilledArg:
+    """A vLLM argument the user did not give that a launch profile fills, and why."""
+
+    flag: str
+    value: str | None  # None for a flag without a value
+    reason: str
+
+    def argv(self) -> list[str]:
+        return [self.flag] if self.value is None else [self.flag, self.value]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything a launch decides, before anything is written or started."""
+
+    runtime: Status
+    checks: tuple[CheckResult, ...]
+    status: dict[str, str]          # the banner's key=value lines, in order
+    env: tuple[EnvChange, ...]
+    user_argv: tuple[str, ...]
+    filled_args: tuple[FilledArg, ...] = ()
+    warnings: tuple[str, ...] = ()
+    refusal: str | None = None      # set when require-turbo3 forbids starting
+    cache: CacheState | None = None
+    active: bool = True
+    sampler_probe: SamplerProbe | None = None
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def argv(self) -> list[str]:
+        """The final command: `vllm serve` with the user's arguments, then the filled ones."""
+        out = ["vllm", "serve", *self.user_argv]
+        for f in self.filled_args:
+            out += f.argv()
+        return out
+
+    def stop_reason(self) -> str | None:
+        """Why a real launch must not start: FAIL checks, require-turbo3's refusal; None to go
+        (always None when the plugin is off: then vLLM runs untouched)."""
+        if not self.active:
+            return None
+        reasons = [f"runtime=FAIL: {c.name}: {c.detail}" + (f" ({c.remedy})" if c.remedy else "")
+                   for c in self.checks if c.status is Status.FAIL]
+        if self.refusal:
+            reasons.append(self.refusal)
+        return "; ".join(reasons) or None
+
+    def env_updates(self) -> dict[str, str]:
+        """The variables to set (kept ones are already in the environment)."""
+        return {c.var: c.value for c in self.env if c.action == "set"}
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "plugin_version": __version__, "runtime": self.runtime.value, "active": self.active,
+            "status": dict(self.status), "refusal": self.refusal,
+            "env": [c.to_dict() for c in self.env], "argv": self.argv,
+            "filled_args": [{"flag": f.flag, "value": f.value, "reason": f.reason} for f in self.filled_args],
+            "warnings": list(self.warnings), "notes": list(self.notes),
+            "cache": self.cache.to_dict() if self.cache else None,
+            "sampler_probe": self.sampler_probe.to_dict() if self.sampler_probe else None,
+            "checks": [c.to_dict() for c in self.checks]}
+
+
+def _turbo3_refusal(facts: Facts, settings: Settings, gdn_reasons: tuple[str, ...]) -> str:
+    where = settings.source("require_turbo3")
+    return (f"require-turbo3 ({where}) is on, but the accelerated path cannot be active: "
+            + "; ".join(gdn_reasons)
+            + ". Start without it (unset CAOVAN_REQUIRE_TURBO3 / drop caovan_require_turbo3) to serve on "
+              "vLLM's own kernels with the SM75 guards.")
+
+
+def make_plan(facts: Facts, settings: Settings, env: Mapping[str, str], args: VllmArgs,
+              cache: CacheState | None = None, sampler_probe: SamplerProbe | None = None,
+              filled_args: Sequence[FilledArg] = ()) -> Plan:
+    """Decide the launch. Pure: reads only its arguments, writes nothing.
+
+    `cache` is the environment key's cache directory as read by the caller (None: no isolation);
+    `sampler_probe` the FlashInfer test build's result (None: not run); `filled_args` the vLLM
+    arguments a launch profile proposes, of which only those the user did not give are used.
+    """
+    checks = tuple(run_checks(facts))
+    runtime = rollup(list(checks))
+    status = {"runtime": runtime.value, "sm75": sm75_line(facts)}
+    warnings = list(settings.warnings)
+    notes = list(args.notes)
+    common = dict(runtime=runtime, checks=checks, user_argv=args.argv, notes=tuple(notes))
+    if not settings.active:
+        why = (f"enable=0 ({settings.source('enable')})" if not settings.enable
+               else f"mode=off ({settings.source('mode')})")
+        status.update(mode="off", vllm=facts.versions.vllm or "none")
+        return Plan(status=status, env=(), warnings=tuple(warnings), active=False,
+                    **{**common, "notes": (*notes, f"the plugin is off ({why}): vLLM runs untouched")})
+
+    gdn = gdn_state(facts, settings)
+    results: list[GuardResult] = []
+    if facts.sm75_count:
+        sampler = sampler_guard(facts, settings, env, sampler_probe)
+        results += [sampler, timeout_guard(facts, settings, env), arch_guard(facts, settings, env),
+                    cache_guard(facts, settings, env, cache)]
+        sampler_line = sampler.status or "vllm-default"
+    else:
+        sampler_line = "not-sm75"
+        notes.append("no SM75 GPU in the facts: the guards stay off, vLLM runs with its own settings")
+    env_changes = tuple(c for r in results for c in r.changes)
+    for r in results:
+        warnings += r.warnings
+    status.update(flashinfer_sampler=sampler_line, post_start_warmup=POST_START_WARMUP,
+                  gdn_legacy=gdn.line, turbo3="active" if gdn.active else "inactive",
+                  mode=settings.mode, vllm=facts.versions.vllm or "none")
+    if cache is not None and facts.sm75_count and settings.cache_isolation:
+        status["cache_key"] = cache.path
+
+    refusal = None
+    if not gdn.active:
+        if settings.require_turbo3:
+            refusal = _turbo3_refusal(facts, settings, gdn.reasons)
+        elif facts.sm75_count and settings.mode == "auto" and not settings.gdn_legacy_disable:
+            notes.append("accelerated path inactive, serving on vLLM's own kernels with the guards: "
+                         + "; ".join(gdn.reasons))
+    if settings.profile != "none":
+        notes.append(f"profile={settings.profile} ({settings.source('profile')}): launch profiles are not in this "
+                     "plugin release yet, so no vLLM argument is filled; the user's arguments go to vLLM as given")
+    filled = []
+    for f in filled_args:
+        if args.given(f.flag):
+            notes.append(f"{f.flag} kept as given ({args.value(f.flag)}); the profile would use {f.value}")
+        else:
+            filled.append(f)
+    return Plan(status=status, env=env_changes, warnings=tuple(warnings), refusal=refusal, cache=cache,
+                sampler_probe=sampler_probe, filled_args=tuple(filled), **{**common, "notes": tuple(notes)})
