@@ -1,0 +1,162 @@
+"""Installing turbo into Triton: the compile-stages hook and its part in the cache key.
+
+Triton 3.6 calls `knobs.runtime.add_stages_inspection_hook(backend, stages, options, language,
+capability)` from `CUDABackend.add_stages`, after `compile()` has computed the cache key from the
+source, backend, options and environment: the hook itself is not in the key. So `install` also
+wraps `triton.compiler.compiler.get_cache_key`: for a kernel the selector picks, the key gets
+`TURBO_TAG` appended and the backend object is marked; the stages hook then builds only marked
+kernels turbo. The key and the build therefore decide from one answer, and a kernel that is not
+picked keeps Triton's own key and stages, byte for byte.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from .allowlist import Allowlist, source_digest, triton_version_matches
+from .pipeline import TURBO_TAG, apply_turbo
+
+logger = logging.getLogger("caovan_vllm_sm75_turbo3.turbo")
+
+_MARK = "_caovan_turbo"   # attribute on the per-compile backend object: build this one turbo
+
+# Picks kernels for turbo: (src, backend, options) -> True to build it turbo.
+Selector = Callable[[Any, Any, Any], bool]
+
+
+def kernel_identity(src: Any) -> tuple[str, str, dict[str, Any]] | None:
+    """(name, module, constexprs by name) of a Triton ASTSource; None for IR sources."""
+    fn = getattr(src, "fn", None)
+    names = getattr(fn, "arg_names", None)
+    if fn is None or names is None:
+        return None
+    constants = {names[k[0]]: v for k, v in getattr(src, "constants", {}).items()
+                 if isinstance(k, tuple) and len(k) == 1 and k[0] < len(names)}
+    return fn.__name__, getattr(fn, "module", ""), constants
+
+
+@dataclass
+class AllowlistSelector:
+    """Pick allowlisted kernels compiled for sm_75 in a verified config.
+
+    `strict` (CAOVAN_TURBO=auto) also needs the running Triton version and the kernel's source
+    digest to be among the entry's verified ones; `CAOVAN_TURBO=on` drops those two conditions.
+    """
+
+    allowlist: Allowlist
+    triton_version: str
+    strict: bool = True
+
+    def __call__(self, src: Any, backend: Any, options: Any) -> bool:
+        if getattr(getattr(backend, "target", None), "arch", None) != 75 or options.arch != "sm75":
+            return False
+        ident = kernel_identity(src)
+        if ident is None:
+            return False
+        name, module, constants = ident
+        entry = self.allowlist.find(name, module)
+        if entry is None or not entry.config_matches(constants, options.num_warps):
+            return False
+        if self.strict:
+            if not triton_version_matches(self.triton_version, entry.triton_versions):
+                return False
+            if entry.source_sha256 and source_digest(src.fn.src) not in entry.source_sha256:
+                return False
+        return True
+
+
+@dataclass
+class TurboHook:
+    """The object set as Triton's stages hook; logs each kernel's fallback reason once."""
+
+    selector: Selector
+    previous: Any = None                       # a hook that was installed before ours, chained
+    raise_on_fallback: bool = False            # offline checks: a failed turbo build is an error
+    fell_back: dict[str, str] = field(default_factory=dict)
+    built: set[str] = field(default_factory=set)
+
+    def __call__(self, *args: Any) -> Any:
+        if not args:                           # later Tritons ask their hook for a cache-key part
+            return ("caovan-turbo", TURBO_TAG)
+        backend, stages, options, language, capability = args
+        if getattr(backend, _MARK, None):
+            name = getattr(backend, _MARK)
+            self.built.add(name)
+            apply_turbo(backend, stages, options,
+                        on_fallback=None if self.raise_on_fallback else lambda why: self._fallback(name, why))
+        if self.previous is not None:
+            self.previous(*args)
+
+    def _fallback(self, name: str, reason: str) -> None:
+        self.built.discard(name)
+        if name not in self.fell_back:
+            self.fell_back[name] = reason
+            logger.warning("Caovan turbo: %s builds plain (no tensor cores): %s", name, reason)
+
+
+def current_hook() -> TurboHook | None:
+    """Our hook if it is installed in this process's Triton."""
+    from triton import knobs
+
+    hook = knobs.runtime.add_stages_inspection_hook
+    return hook if isinstance(hook, TurboHook) else None
+
+
+def _keyed(original: Callable, selector: Selector) -> Callable:
+    def get_cache_key(src: Any, backend: Any, options: Any, env_vars: Any) -> str:
+        key = original(src, backend, options, env_vars)
+        try:
+            picked = selector(src, backend, options)
+        except Exception as err:   # a broken selector must not break compiling: build plain
+            logger.warning("Caovan turbo: selector failed, building plain: %s", err)
+            picked = False
+        if not picked:
+            return key
+        setattr(backend, _MARK, src.name)
+        return f"{key}-{TURBO_TAG}"
+    get_cache_key.caovan_original = original  # type: ignore[attr-defined]
+    return get_cache_key
+
+
+def install(selector: Selector, *, raise_on_fallback: bool = False) -> TurboHook:
+    """Install turbo into this process's Triton (replacing an earlier turbo install)."""
+    import triton.compiler.compiler as tcc
+    from triton import knobs
+
+    uninstall()
+    hook = TurboHook(selector=selector, previous=knobs.runtime.add_stages_inspection_hook,
+                     raise_on_fallback=raise_on_fallback)
+    knobs.runtime.add_stages_inspection_hook = hook
+    tcc.get_cache_key = _keyed(tcc.get_cache_key, selector)
+    return hook
+
+
+def uninstall() -> None:
+    """Remove turbo from Triton, restoring the hook and cache key it found."""
+    import triton.compiler.compiler as tcc
+    from triton import knobs
+
+    hook = current_hook()
+    if hook is not None:
+        knobs.runtime.add_stages_inspection_hook = hook.previous
+    original = getattr(tcc.get_cache_key, "caovan_original", None)
+    if original is not None:
+        tcc.get_cache_key = original
+
+
+@contextmanager
+def installed(selector: Selector, *, raise_on_fallback: bool = False) -> Iterator[TurboHook]:
+    """Turbo installed for the duration of the block (offline compiles, tests); an install that
+    was there before comes back afterwards."""
+    before = current_hook()
+    hook = install(selector, raise_on_fallback=raise_on_fallback)
+    try:
+        yield hook
+    finally:
+        uninstall()
+        if before is not None:
+            install(before.selector, raise_on_fallback=before.raise_on_fallback)

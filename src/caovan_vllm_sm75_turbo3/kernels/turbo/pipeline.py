@@ -1,0 +1,138 @@
+"""The turbo build of one kernel inside Triton's compile stages, with fallback to the plain build.
+
+Triton runs its stages in order: ttir -> ttgir -> llir -> ptx -> cubin. `apply_turbo` replaces
+the ttgir stage with the whole turbo build (sm_80 planning with one pipeline stage, the PTX
+rewrite, ptxas for sm_75) done on a copy of the TTIR, and the later stages hand back its results.
+When any step fails, the plain stages run on the untouched TTIR instead and the reason goes to
+`on_fallback`: a kernel is always either wholly turbo or wholly plain.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .resources import PtxasError, PtxasReport, mma_count, run_ptxas
+from .rewrite import REWRITE_VERSION, RewriteResult, TurboRewriteError, rewrite_ptx
+
+
+
+def _code_digest() -> str:
+    """Digest of the code that shapes a turbo binary, so any change to it misses old cache entries."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    h = hashlib.sha256()
+    for name in ("rewrite.py", "pipeline.py", "resources.py"):
+        with open(os.path.join(here, name), "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()[:12]
+
+
+# Written into Triton's cache key and into the kernel's metadata for every turbo build.
+TURBO_TAG = f"caovan-turbo-sm75-r{REWRITE_VERSION}-{_code_digest()}"
+SM75_SHARED_LIMIT = 65536   # bytes of shared memory per block on Turing (opt-in maximum)
+PLAN_CAPABILITY = 80        # Triton's MMAv2 path, which sm_75's m16n8k8 can execute when split
+
+
+class TurboBuildError(Exception):
+    """The turbo build failed; `str(err)` is the reason (for the once-per-kernel fallback log)."""
+
+
+@dataclass
+class TurboBuild:
+    """Every stage's output of one successful turbo build."""
+
+    ttgir: str
+    llir: str
+    ptx: str
+    cubin: bytes
+    metadata: dict[str, Any]
+    rewrite: RewriteResult
+    ptxas: PtxasReport
+
+
+def _copy_module(module: Any) -> Any:
+    """A fresh MLIR module parsed from `module`'s text, so the original stays untouched."""
+    from triton._C.libtriton import ir
+
+    with tempfile.TemporaryDirectory(prefix="caovan-turbo-") as tmp:
+        path = os.path.join(tmp, "kernel.ttir")
+        with open(path, "w") as f:
+            f.write(str(module))
+        copy = ir.parse_mlir_module(path, module.context)
+    copy.context = module.context
+    return copy
+
+
+def _ptxas_flags(options: Any) -> tuple[str, ...]:
+    """Triton's own ptxas flags that change code: fmad and user PTXAS options."""
+    flags = [] if options.enable_fp_fusion else ["--fmad=false"]
+    if options.ptx_options:
+        flags += options.ptx_options.split(" ")
+    return tuple(flags)
+
+
+def build_turbo(backend: Any, ttir: Any, metadata: dict[str, Any], options: Any) -> TurboBuild:
+    """Build the turbo variant from a TTIR module without modifying `ttir` or `metadata`.
+
+    Raises `TurboBuildError` with the reason when planning, the rewrite or ptxas fails, or when
+    the result needs more than sm_75's 64 KiB of shared memory.
+    """
+    opts = dataclasses.replace(options, num_stages=1)   # cp.async (multi-stage loads) is sm_80+
+    md = dict(metadata)
+    try:
+        module = backend.make_ttgir(_copy_module(ttir), md, opts, PLAN_CAPABILITY)
+        ttgir = str(module)
+        llir = backend.make_llir(module, md, opts, PLAN_CAPABILITY)
+        ptx80 = backend.make_ptx(llir, md, opts, backend.target.arch)
+    except Exception as err:   # any Triton failure in planning means: build plain
+        raise TurboBuildError(f"Triton could not plan it as sm_80: {type(err).__name__}: {err}") from None
+    try:
+        rewritten = rewrite_ptx(ptx80)
+    except TurboRewriteError as err:
+        raise TurboBuildError(str(err)) from None
+    if (md.get("shared") or 0) > SM75_SHARED_LIMIT:
+        raise TurboBuildError(f"needs {md['shared']} bytes of shared memory, sm_75 has {SM75_SHARED_LIMIT}")
+    try:
+        cubin, report = run_ptxas(rewritten.ptx, arch=75, extra=_ptxas_flags(options))
+    except PtxasError as err:
+        raise TurboBuildError(str(err)) from None
+    md["num_stages"] = 1
+    md["caovan_turbo"] = TURBO_TAG
+    md["caovan_turbo_mma"] = mma_count(rewritten.ptx)
+    return TurboBuild(ttgir=ttgir, llir=llir, ptx=rewritten.ptx, cubin=cubin, metadata=md,
+                      rewrite=rewritten, ptxas=report)
+
+
+def apply_turbo(backend: Any, stages: dict[str, Callable], options: Any,
+                on_fallback: Callable[[str], None] | None = None) -> None:
+    """Make `stages` build the turbo variant, or the plain one when the turbo build fails.
+
+    With `on_fallback=None` a failure raises `TurboBuildError` instead (offline checks).
+    """
+    plain = dict(stages)
+    built: list[TurboBuild] = []   # this compile's result; one compile per stages dict
+
+    def ttgir(src: Any, metadata: dict[str, Any]) -> Any:
+        try:
+            build = build_turbo(backend, src, metadata, options)
+        except TurboBuildError as err:
+            if on_fallback is None:
+                raise
+            on_fallback(str(err))
+            return plain["ttgir"](src, metadata)
+        built.append(build)
+        metadata.update(build.metadata)
+        return build.ttgir
+
+    def later(stage: str, pick: Callable[[TurboBuild], Any]) -> Callable:
+        return lambda src, metadata: pick(built[0]) if built else plain[stage](src, metadata)
+
+    stages["ttgir"] = ttgir
+    stages["llir"] = later("llir", lambda b: b.llir)
+    stages["ptx"] = later("ptx", lambda b: b.ptx)
+    stages["cubin"] = later("cubin", lambda b: b.cubin)

@@ -1,0 +1,36 @@
+"""Offline sm_75 compiles, plain and turbo, with the resource readout (no GPU needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("triton")
+
+from caovan_vllm_sm75_turbo3.kernels.turbo.compile import (  # noqa: E402
+    TurboBuildError, compile_for_sm75, divisibility_attrs)
+
+from turbo_kernels import DOT_SIG, TF32_SIG, tf32_dot_kernel, tile_dot_kernel  # noqa: E402
+
+TILE = {"BM": 64, "BN": 64, "BK": 32}
+
+
+def test_plain_sm75_dot_is_fma_and_turbo_is_mma() -> None:
+    attrs = divisibility_attrs(tile_dot_kernel, ["a_ptr", "b_ptr", "c_ptr", "N", "K"])
+    plain = compile_for_sm75(tile_dot_kernel, DOT_SIG, TILE, num_warps=4, turbo=False, attrs=attrs)
+    turbo = compile_for_sm75(tile_dot_kernel, DOT_SIG, TILE, num_warps=4, turbo=True, attrs=attrs)
+    assert plain.build == "plain" and turbo.build == "turbo"
+    assert plain.mma_count == 0 and plain.fma_count >= 64 * 64 * 32 // 128   # Triton 3.6's sm_75 fallback
+    assert turbo.mma_count > 0 and turbo.fma_count == 0
+    assert "m16n8k8" in turbo.ptx and "m16n8k16" not in turbo.ptx
+    assert ".target sm_75" in turbo.ptx and ".target sm_75" in plain.ptx
+    assert turbo.spill_bytes == 0 and turbo.registers is not None
+    assert 0 < turbo.shared_bytes <= 65536
+    assert turbo.entry == plain.entry == "tile_dot_kernel"
+    assert turbo.cubin[:4] == b"\x7fELF" and turbo.kernel.metadata.num_stages == 1
+
+
+def test_turbo_build_that_cannot_run_on_sm75_raises_with_reason() -> None:
+    with pytest.raises(TurboBuildError, match="tf32"):
+        compile_for_sm75(tf32_dot_kernel, TF32_SIG, {"BM": 32}, num_warps=4, turbo=True)
+    plain = compile_for_sm75(tf32_dot_kernel, TF32_SIG, {"BM": 32}, num_warps=4, turbo=False)
+    assert plain.mma_count == 0   # sm_75's fp32 dot stays exact FMA
