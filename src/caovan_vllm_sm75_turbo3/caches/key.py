@@ -21,7 +21,10 @@ _READABLE = (("plugin", "p"), ("python", "py"), ("torch", "torch"), ("torch_cuda
 _UNSAFE = re.compile(r"[^A-Za-z0-9._+]")
 _PART_MAX = 24  # per component in the readable part; the digest keeps truncated names distinct
 DIGEST_LEN = 10
-NAME_RE = re.compile(r"^[A-Za-z0-9._+-]+-[0-9a-f]{%d}$" % DIGEST_LEN)
+# Exactly the names env_key() produces: the cleaner removes only directories named like this, so a
+# cache root pointed at a folder of other things (a conda "envs/", say) never loses anything.
+NAME_RE = re.compile("^" + "-".join(re.escape(prefix) + r"[A-Za-z0-9._+]{1,%d}" % _PART_MAX
+                                    for _, prefix in _READABLE) + r"-[0-9a-f]{%d}$" % DIGEST_LEN)
 
 
 @dataclass(frozen=True)
