@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from .. import __version__
 from ..config import Settings, load_settings, specs
+from ..errors import CaovanError
 from ..policy.checks import CheckResult, Status, rollup, run_checks, sm75_line
 from ..runtime.facts import Facts
 from ..runtime.model import read_model
@@ -25,11 +26,16 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="Report whether this machine can serve vLLM on Turing (SM75) GPUs, what is wrong "
                     "and how to fix it. Starts nothing and never creates a CUDA context.",
-        epilog="Exit codes: 0 runtime=PASS, 1 runtime=WARN, 2 runtime=FAIL or bad input.")
+        epilog="Exit codes: 0 runtime=PASS, 1 runtime=WARN, 2 runtime=FAIL or bad input. "
+               "With --log: 0 clean or only harmless messages, 1 warnings only (degraded, or a wait "
+               "the log does not resolve), 2 a fatal failure, or a log that cannot be read.")
     p.add_argument("--facts", metavar="FILE",
                    help="read machine facts from this JSON file instead of probing (also CAOVAN_FACTS)")
     p.add_argument("--model", metavar="PATH", help="model directory: also check its checkpoint size")
     p.add_argument("--json", action="store_true", help="print one JSON object (report, checks and facts)")
+    p.add_argument("--log", metavar="FILE",
+                   help="instead of the machine report, explain a vLLM server log (- reads standard input): "
+                        "the first real failure, its likely cause and the fix")
     p.add_argument("--settings", action="store_true",
                    help="also show every CAOVAN_* setting with its value and where it came from")
     p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
@@ -92,6 +98,8 @@ def print_text(facts: Facts, results: list[CheckResult], settings: Settings, wit
 
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(argv)
+    if args.log is not None:
+        return triage_log(args)
     settings = load_settings(os.environ, None, {"facts": args.facts})
     facts = load_facts(settings.facts)
     model = read_model(args.model) if args.model else None
@@ -101,6 +109,18 @@ def main(argv: Sequence[str]) -> int:
     else:
         print_text(facts, results, settings, args.settings)
     return rollup(results).exit_code
+
+
+def triage_log(args: argparse.Namespace) -> int:
+    """`--log FILE|-`: the log triage instead of the machine report."""
+    from ..logtriage.render import render_text
+    from ..logtriage.triage import triage_path
+
+    if args.facts or args.model or args.settings:
+        raise CaovanError("--log reads a log only: drop --facts, --model and --settings")
+    result = triage_path(args.log)
+    print(json.dumps(result.to_dict(), indent=2) if args.json else render_text(result))
+    return result.exit_code
 
 
 def entry() -> int:

@@ -1,0 +1,169 @@
+"""Streaming reader for vLLM server logs: one clean `LogLine` per line, in bounded memory.
+
+It undoes what vLLM and the tools around it add to each message: ANSI colours, the worker prefix
+`(EngineCore_DP0 pid=123) ` / `(Worker_TP1 pid=456) ` / `(APIServer pid=7) `, the logger header
+`INFO 12-02 17:44:10 [shm_broadcast.py:681] ` (vllm/logger.py's `_FORMAT`), uvicorn's `INFO:     `,
+and docker/journald timestamps. It never holds more than one chunk and one capped line.
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from ..errors import CaovanError
+
+CHUNK_BYTES = 64 * 1024
+# A line longer than this is cut (the rest up to its newline is dropped): a log line that long is
+# a dumped tensor or a pasted binary, and no signature needs more than its start.
+MAX_LINE_BYTES = 8 * 1024
+SNIFF_BYTES = 8 * 1024
+
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+# `docker logs -t` and journald put their own stamp before vLLM's line.
+_OUTER_STAMP = re.compile(
+    r"^(?:\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\s+"
+    r"|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \S+ [^\s:\[]+(?:\[\d+\])?: )")
+# vllm/utils/system_utils.py `_add_prefix`: "(NAME pid=PID) "; Ray adds ", ip=...".
+_PROCESS = re.compile(r"^\((?P<proc>[A-Za-z_][\w.\-]*) pid=\d+(?:, ip=[^)]*)?\) ?")
+# vllm/logger.py: "%(levelname)s %(asctime)s [%(fileinfo)s:%(lineno)d] %(message)s", date "%m-%d %H:%M:%S".
+_VLLM_HEADER = re.compile(
+    r"^(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)? "
+    r"\[(?P<src>[^\]\s]+:\d+)\] ?")
+# uvicorn's default formatter: "INFO:     Application startup complete."
+_UVICORN_HEADER = re.compile(r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+")
+
+
+@dataclass(frozen=True, slots=True)
+class LogLine:
+    """One log line as a person reads it: `number` counts newlines from 1, like an editor."""
+
+    number: int
+    text: str
+    process: str | None = None
+    level: str | None = None
+    source: str | None = None
+
+
+def clean(raw: str, number: int = 0) -> LogLine:
+    """Strip colours, control characters and the prefixes vLLM, uvicorn and log collectors add."""
+    text = _CONTROL.sub("", _ANSI.sub("", raw)).rstrip()
+    text = _OUTER_STAMP.sub("", text, count=1)
+    process = None
+    while (m := _PROCESS.match(text)) is not None:   # nested launchers may add more than one
+        process = process or m.group("proc")
+        text = text[m.end():]
+    level = source = None
+    if (m := _VLLM_HEADER.match(text)) is not None:
+        level, source = m.group("level"), m.group("src")
+        text = text[m.end():]
+    elif (m := _UVICORN_HEADER.match(text)) is not None:
+        level = m.group("level")
+        text = text[m.end():]
+    if level == "WARN":
+        level = "WARNING"
+    return LogLine(number, text, process, level, source)
+
+
+def _pieces(stream: BinaryIO) -> Iterator[tuple[int, bytes]]:
+    """(line number, bytes) for each line, each at most MAX_LINE_BYTES; `\\r` splits a line too
+    (tqdm progress bars, and vLLM's multi-line messages end their lines with `\\r\\n`)."""
+    number = 0
+    pending = bytearray()
+    dropping = False   # inside the over-long tail of a line, until its newline
+    while chunk := stream.read(CHUNK_BYTES):
+        start = 0
+        while start < len(chunk):
+            nl = chunk.find(b"\n", start)
+            end = len(chunk) if nl < 0 else nl
+            if not dropping:
+                room = MAX_LINE_BYTES - len(pending)
+                pending += chunk[start:start + min(room, end - start)]
+                dropping = end - start > room
+            if nl < 0:
+                break
+            number += 1
+            for piece in bytes(pending).split(b"\r"):
+                if piece.strip():
+                    yield number, piece
+            pending.clear()
+            dropping = False
+            start = nl + 1
+    if pending:
+        number += 1
+        for piece in bytes(pending).split(b"\r"):
+            if piece.strip():
+                yield number, piece
+
+
+def read_lines(stream: BinaryIO) -> Iterator[LogLine]:
+    """Every non-empty line of `stream`, cleaned; bytes that are not UTF-8 become U+FFFD."""
+    for number, piece in _pieces(stream):
+        yield clean(piece.decode("utf-8", "replace"), number)
+
+
+def looks_binary(head: bytes) -> bool:
+    """True when the first bytes of a file are not text: NUL bytes, or mostly non-printable."""
+    if not head:
+        return False
+    if b"\x00" in head:
+        return True
+    text = head.decode("utf-8", "replace")
+    bad = sum(1 for ch in text if ch == "\ufffd" or (ch < " " and ch not in "\t\n\r\x1b"))
+    return bad > len(text) * 0.1
+
+
+class _Prefixed:
+    """A byte stream that first returns `head` (already read to sniff it), then the rest of `rest`."""
+
+    def __init__(self, head: bytes, rest: BinaryIO) -> None:
+        self._head = head
+        self._rest = rest
+
+    def read(self, size: int = -1) -> bytes:
+        if self._head:
+            out = self._head if size < 0 else self._head[:size]
+            self._head = self._head[len(out):]
+            return out
+        return self._rest.read(size)
+
+
+def _read_head(stream: BinaryIO, label: str) -> bytes:
+    try:
+        return stream.read(SNIFF_BYTES)
+    except (OSError, EOFError) as err:
+        raise CaovanError(f"--log {label}: cannot read it ({getattr(err, 'strerror', None) or err})") from None
+
+
+@contextmanager
+def open_log(path: str) -> Iterator[BinaryIO]:
+    """Open a log for reading as bytes: `-` is standard input; gzip content is unpacked on the fly.
+
+    Raises CaovanError (one line, no traceback) when the path cannot be read or holds no text.
+    """
+    label = "standard input" if path == "-" else repr(path)
+    try:
+        raw: BinaryIO = sys.stdin.buffer if path == "-" else open(path, "rb")  # noqa: SIM115
+    except OSError as err:
+        raise CaovanError(f"--log {label}: cannot read it ({err.strerror or err}); "
+                          "give the path of a vLLM server log, or - for standard input") from None
+    try:
+        head = _read_head(raw, label)
+        stream: BinaryIO = _Prefixed(head, raw)  # type: ignore[assignment]
+        if head[:2] == b"\x1f\x8b":
+            unpacked: BinaryIO = gzip.GzipFile(fileobj=stream, mode="rb")  # type: ignore[assignment]
+            head = _read_head(unpacked, label)
+            stream = _Prefixed(head, unpacked)  # type: ignore[assignment]
+        if looks_binary(head):
+            raise CaovanError(f"--log {label}: this is not a text log (binary data in its first "
+                              f"{len(head):,} bytes); give the file that vLLM's output was written to")
+        yield stream
+    finally:
+        if path != "-":
+            raw.close()

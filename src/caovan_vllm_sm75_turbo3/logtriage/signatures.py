@@ -1,0 +1,347 @@
+"""The log messages we know, as data: how to spot each one, whether it is harmless or fatal,
+what usually causes it on Turing (SM75) cards, and the exact fix.
+
+Message texts are taken from the sources of vLLM 0.21 (and checked against later releases where
+they changed), Triton 3.6, FlashInfer 0.6 and PyTorch; the file each comes from is named beside it.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass, field
+
+
+class Rule(str, enum.Enum):
+    """How a match is judged."""
+
+    FATAL = "fatal"            # the server cannot serve after this
+    WARNING = "warning"        # it serves, but slower or degraded, or the log does not say how it ended
+    HARMLESS = "harmless"      # looks alarming, is not
+    UNTIL_READY = "until-ready"  # harmless if the server answers afterwards, fatal if it fails afterwards
+
+
+class Role(str, enum.Enum):
+    """Where a fatal match stands in the chain of events, for picking "the first real failure"."""
+
+    CAUSE = "cause"              # a root cause in itself
+    SYMPTOM = "symptom"          # a sign of trouble whose cause is usually another message
+    CONSEQUENCE = "consequence"  # what a failure elsewhere leads to (engine dead, HTTP 500)
+
+
+@dataclass(frozen=True)
+class Signature:
+    """One known message.
+
+    A line matches when it contains one of `needles` (plain substrings, checked first because it is
+    fast) and, if `confirm` is given, that regex also matches; its named groups and those of
+    `extract` (which need not match) become details.
+    `error_context`: count it only on an error/warning line or inside a traceback (for names that
+    also appear in normal status lines). `context`: the match is this signature only if one of these
+    substrings is within `CONTEXT_LINES` lines around it; otherwise it is `otherwise`.
+    `fixes_by_phase` refines `fix` by the start-up phase the failure happened in.
+    A line is counted for the first signature in SIGNATURES that matches it, so order matters.
+    """
+
+    id: str
+    title: str
+    needles: tuple[str, ...]
+    rule: Rule
+    role: Role
+    cause: str
+    fix: str
+    confirm: re.Pattern[str] | None = None
+    extract: re.Pattern[str] | None = None
+    error_context: bool = False
+    context: tuple[str, ...] = ()
+    otherwise: str | None = None
+    fixes_by_phase: dict[str, str] = field(default_factory=dict)
+
+    def matches(self, text: str) -> dict[str, str] | None:
+        """The details of a match in `text` ({} when it has none), or None."""
+        if not any(n in text for n in self.needles):
+            return None
+        details: dict[str, str] = {}
+        for pattern, required in ((self.confirm, True), (self.extract, False)):
+            if pattern is None:
+                continue
+            m = pattern.search(text)
+            if m is None:
+                if required:
+                    return None
+                continue
+            details.update({k: v for k, v in m.groupdict().items() if v is not None})
+        return details
+
+
+CONTEXT_LINES = 80
+
+WARMUP_FIX = ("Let the first start finish, then run `caovan-sm75-warmup --api-base http://127.0.0.1:8000 "
+              "--model NAME` before sending real traffic (it does all first-request JIT in a controlled "
+              "ladder). Start through `caovan-vllm-serve`, which raises the cold-start timeouts to "
+              "CAOVAN_EXECUTE_TIMEOUT_S (1800 s); with plain `vllm serve` set "
+              "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS=1800 yourself.")
+GDN_FIX = ("Set CAOVAN_GDN_LEGACY_DISABLE=1 (or --additional-config '{\"caovan_gdn_legacy_disable\":true}') "
+           "and restart: vLLM's own GDN prefill is used instead of the legacy SM75 path "
+           "(the banner then says gdn_legacy=disabled-by-user). Please report the log.")
+SAMPLER_FIX = ("Keep the FlashInfer sampler guard on: CAOVAN_FLASHINFER_SAMPLER=guard (the default of "
+               "`caovan-vllm-serve`; it sets VLLM_USE_FLASHINFER_SAMPLER=0 on SM75), or with plain "
+               "`vllm serve` set VLLM_USE_FLASHINFER_SAMPLER=0. CAOVAN_FLASHINFER_SAMPLER=probe keeps the "
+               "sampler only where its test build works.")
+
+SIGNATURES: tuple[Signature, ...] = (
+    # vllm/distributed/device_communicators/shm_broadcast.py LONG_WAIT_TIME_LOG_MSG (INFO; older
+    # releases said "in %s second." at DEBUG).
+    Signature(
+        id="shm-broadcast-wait",
+        title="a process waited 60 s or more for another (shared-memory broadcast)",
+        needles=("No available shared memory broadcast block found",),
+        extract=re.compile(r"found\s+in (?P<seconds>\d+) seconds?"),
+        rule=Rule.UNTIL_READY, role=Role.SYMPTOM,
+        cause=("One process (usually a TP worker) was busy for a long time: on a cold start that is "
+               "JIT compilation (Triton, torch.compile, FlashInfer), weight loading or CUDA-graph capture. "
+               "It is harmless when the server answers afterwards; when TimeoutError, EngineDeadError or "
+               "HTTP 500 follow, the wait outlasted a timeout or a worker hung."),
+        fix=WARMUP_FIX),
+    # vllm/v1/executor/multiproc_executor.py: TimeoutError(f"RPC call to {method} timed out.")
+    Signature(
+        id="execute-timeout",
+        title="a worker did not answer within the execute timeout",
+        needles=("RPC call to ",),
+        confirm=re.compile(r"RPC call to (?P<method>\w+) timed out"),
+        rule=Rule.FATAL, role=Role.CAUSE,
+        cause=("With tensor parallelism vLLM gives each step VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS (300 s "
+               "by default). On SM75 the first request of a new shape compiles kernels for longer than "
+               "that, so the engine gives up and dies (EngineDeadError, then HTTP 500)."),
+        fix=WARMUP_FIX),
+    # Our own line, plugin/ GDN dispatch: "Caovan SM75 Turbo3 dispatch failed on interface <name>: <reason>".
+    Signature(
+        id="caovan-dispatch-failed",
+        title="our GDN kernels were switched off in a process (fell back to vLLM's)",
+        needles=("dispatch failed on interface",),
+        confirm=re.compile(r"dispatch failed on interface (?P<interface>[\w.:-]+): ?(?P<reason>.*)"),
+        rule=Rule.WARNING, role=Role.CAUSE,
+        cause=("The plugin could not use its GDN prefill in this process (the reason is on the line) "
+               "and fell back to vLLM's kernel: the server runs, without the SM75 speed-up there."),
+        fix=("Set CAOVAN_GDN_LEGACY_DISABLE=1 to stay on vLLM's GDN prefill on purpose and skip the "
+             "attempt; with CAOVAN_REQUIRE_TURBO3=1 this line stops the start instead. Please report "
+             "the reason.")),
+    # CUDA runtime error text, raised through torch ("CUDA error: invalid resource handle").
+    Signature(
+        id="gdn-legacy-failure",
+        title="the legacy SM75 GDN kernel path failed",
+        needles=("CUDA error: invalid resource handle", "GDN prefill kernel warmup failed",
+                 "flashqla_legacy", "legacy-gdn-linear-attn-v020"),
+        error_context=True,
+        rule=Rule.FATAL, role=Role.CAUSE,
+        cause=("A GDN (linear-attention) prefill kernel failed on this card; 'invalid resource handle' "
+               "is what CUDA says when a kernel or stream handle from another context or graph is used."),
+        fix=GDN_FIX),
+    # flashinfer/jit/cpp_ext.py run_ninja ("Ninja build failed."), get_cuda_path, get_cuda_version;
+    # ninja's own "ninja: build stopped: subcommand failed."; nvcc's "fatal error: curand.h: ...".
+    Signature(
+        id="flashinfer-sampler-jit",
+        title="FlashInfer's sampling kernels failed to compile (JIT)",
+        needles=("curand.h: No such file", "Ninja build failed", "ninja: build stopped",
+                 "Could not find nvcc", "nvcc not found", "nvcc: not found", "nvcc: command not found"),
+        context=("cached_ops/sampling", "sampling.cu", "flashinfer/sampling", "topk_topp_sampler",
+                 "flashinfer_sample", "top_k_top_p_sampling"),
+        otherwise="jit-build-failed",
+        rule=Rule.FATAL, role=Role.CAUSE,
+        cause=("vLLM turned on FlashInfer's top-k/top-p sampler, whose CUDA code is compiled on first "
+               "use; that build fails under some CUDA 12.9/13 toolchains (curand.h missing, no nvcc, "
+               "a compiler that does not match torch's CUDA)."),
+        fix=SAMPLER_FIX),
+    Signature(
+        id="jit-build-failed",
+        title="a CUDA JIT build (nvcc/ninja) failed",
+        needles=(),   # only reached through flashinfer-sampler-jit's `otherwise`
+        rule=Rule.FATAL, role=Role.CAUSE,
+        cause=("A kernel that is compiled on first use could not be built: nvcc is missing, its CUDA "
+               "release does not match torch's, or a header (curand.h, cuda_fp16.h) is not installed."),
+        fix=("Run `caovan-sm75-doctor`: its nvcc/ptxas check names the mismatch. Put a CUDA toolkit "
+             "matching torch's CUDA on PATH (or set CUDA_HOME), and start through `caovan-vllm-serve` "
+             "so builds target sm_75 only (CAOVAN_ARCH_GUARD=1).")),
+    # vllm/v1/sample/ops/topk_topp_sampler.py, raised when the user forced the sampler on.
+    Signature(
+        id="flashinfer-sampler-refused",
+        title="FlashInfer sampler forced on for a GPU it does not support",
+        needles=("FlashInfer does not support compute capability",),
+        rule=Rule.FATAL, role=Role.CAUSE,
+        cause="VLLM_USE_FLASHINFER_SAMPLER=1 was set, and this vLLM refuses FlashInfer on this compute capability.",
+        fix="Unset VLLM_USE_FLASHINFER_SAMPLER (or set it to 0). " + SAMPLER_FIX),
+    # vllm/platforms/cuda.py check_if_supports_dtype.
+    Signature(
+        id="bf16-unsupported",
+        title="bfloat16 requested on a GPU without bfloat16",
+        needles=("Bfloat16 is only supported on GPUs with compute capability of at least 8.0",
+                 "does not support bfloat16"),
+        extract=re.compile(r"Your (?P<gpu>.+?) GPU has compute capability (?P<capability>[\d.]+)"),
+        rule=Rule.FATAL, role=Role.CAUSE,
+        cause=("The model's config asks for bfloat16, and Turing (SM75) has no bfloat16: vLLM refuses "
+               "to start."),
+        fix="Add `--dtype half` (float16) to the command line."),
+    # triton/runtime/errors.py OutOfResources.__str__, raised from triton/compiler/compiler.py.
+    Signature(
+        id="triton-shared-memory",
+        title="a Triton kernel needs more shared memory than the GPU has",
+        needles=("out of resource: shared memory", "OutOfResources"),
+        confirm=re.compile(r"shared memory, Required: (?P<required>\d+), Hardware limit: (?P<limit>\d+)"),
+        rule=Rule.FATAL, role=Role.CAUSE,
+        cause=("The kernel's block sizes / num_stages were tuned for newer GPUs: SM75 has 64 KiB "
+               "(65,536 bytes) of shared memory per block, Ampere and later 100 KiB or more."),
+        fix=("Start through `caovan-vllm-serve` with CAOVAN_MODE=auto so that the GDN kernels use our "
+             "configs that fit in 64 KiB. If the kernel named here is not a GDN kernel, it needs smaller "
+             "block sizes or num_stages=1 upstream: report it with this log.")),
+    # triton/language/core.py: "type fp8e4nv not supported in this architecture. The supported fp8
+    # dtypes are ..." (e4m3 needs SM89); vllm/platforms/cuda.py: "No valid attention backend found
+    # for cuda with AttentionSelectorConfig(... kv_cache_dtype=fp8 ...). Reasons: {...}".
+    Signature(
+        id="fp8-kv-unsupported",
+        title="fp8 KV cache refused on this GPU",
+        needles=("fp8e4nv not supported", "No valid attention backend found"),
+        confirm=re.compile(r"fp8e4nv not supported|kv_cache_dtype=(?P<kv_cache_dtype>fp8\w*)"
+                           r"|kv_cache_dtype not supported"),
+        rule=Rule.FATAL, role=Role.CAUSE,
+        cause=("fp8 (e4m3) needs SM89 in Triton; from vLLM 0.24 the Triton attention backend also rejects "
+               "fp8 KV below SM89, so on SM75 there is no built-in backend for it."),
+        fix=("Serve with vLLM 0.21-0.23 (0.21.0 is the reference release: `pip install vllm==0.21.0`), "
+             "where fp8 KV works on SM75, or drop `--kv-cache-dtype fp8` (use `auto`: fp16 KV, half the "
+             "tokens per GiB) and lower --max-model-len to fit.")),
+    # torch: "CUDA out of memory. Tried to allocate ..."; vllm/v1/worker/gpu_model_runner.py load_model
+    # and _dummy_sampler_run; vllm/v1/core/kv_cache_utils.py check_enough_kv_cache_memory.
+    Signature(
+        id="cuda-oom",
+        title="the GPU ran out of memory",
+        needles=("CUDA out of memory", "OutOfMemoryError", "Failed to load model - not enough GPU memory",
+                 "No available memory for the cache blocks",
+                 "cache is needed, which is larger than the available KV cache memory"),
+        extract=re.compile(r"Tried to allocate (?P<tried>[\d.]+ [KMG]iB)"
+                           r"|estimated maximum model length is (?P<estimated_max_len>\d+)"),
+        rule=Rule.FATAL, role=Role.CAUSE,
+        cause="The memory the start-up step needed was not free on the GPU.",
+        fix=("Lower --gpu-memory-utilization by 0.02-0.05 or --max-num-seqs / --max-num-batched-tokens; "
+             "`caovan-vllm-serve` fills these from the hardware profile (CAOVAN_PROFILE=auto). Check that "
+             "nothing else holds GPU memory (nvidia-smi)."),
+        fixes_by_phase={
+            "load": ("The weights do not fit: use a quantized checkpoint (AWQ INT4), more GPUs "
+                     "(--tensor-parallel-size 2), and check nvidia-smi for other processes on the GPU."),
+            "profile": ("The profile run (one forward pass of --max-num-batched-tokens tokens) did not fit: "
+                        "lower --max-num-batched-tokens (e.g. 4096) and --max-num-seqs; "
+                        "`caovan-vllm-serve` takes them from the hardware profile (CAOVAN_PROFILE=auto)."),
+            "kv-cache": ("The KV cache for --max-model-len does not fit in what is left: lower --max-model-len "
+                         "(the line above may give the estimated maximum), raise --gpu-memory-utilization a "
+                         "little, or use fp8 KV on vLLM 0.21-0.23 (--kv-cache-dtype fp8)."),
+            "graph-capture": ("CUDA-graph capture needs memory beyond the KV cache: lower "
+                              "--gpu-memory-utilization by 0.02-0.05, capture fewer sizes (--compilation-config "
+                              "'{\"cudagraph_mode\":\"PIECEWISE\",\"cudagraph_capture_sizes\":[1,2,4,8]}'), "
+                              "or --enforce-eager."),
+            "serving": ("A request needed more memory than was left: lower --max-num-seqs / "
+                        "--max-num-batched-tokens or --gpu-memory-utilization."),
+        }),
+    # The kernel's OOM killer (SIGKILL = exit 137; vLLM reports -9 for the core process): shells
+    # print "Killed", vllm/v1/engine/utils.py "Engine core initialization failed ... Failed core
+    # proc(s): {'EngineCore_DP0': -9}", dmesg "Out of memory: Killed process".
+    Signature(
+        id="host-oom-kill",
+        title="a process was killed by the host's out-of-memory killer",
+        needles=("Killed", "137", "-9", "oom-kill", "oom_reaper"),
+        confirm=re.compile(r"^Killed\b|\d+ Killed\s|[Oo]ut of memory: Killed process|\boom-kill\b|oom_reaper"
+                           r"|exit(?:ed)?(?: with)?(?: exit)? (?:code|status)[ :=]*137\b"
+                           r"|Failed core proc\(s\): \{[^}]*: -9[,}]"),
+        rule=Rule.FATAL, role=Role.CAUSE,
+        cause=("Host RAM (not GPU memory) ran out and the kernel killed the process (SIGKILL, exit 137). "
+               "Loading weights passes them through RAM, more so with several TP workers loading at once: "
+               "a 27B checkpoint does not fit next to everything else on a 32 GiB host."),
+        fix=("Add swap (e.g. a 32 GiB swap file), stop other memory users, keep the default lazy "
+             "(memory-mapped) weight loading (do not pass --safetensors-load-strategy eager), and check "
+             "`caovan-sm75-doctor --model PATH`, which compares the checkpoint with free host memory.")),
+    # vllm/v1/engine/exceptions.py, core.py, async_llm.py, utils.py.
+    Signature(
+        id="engine-dead",
+        title="the engine core process died",
+        needles=("EngineDeadError", "EngineCore encountered a fatal error", "EngineCore failed to start",
+                 "Engine core initialization failed", "AsyncLLM output_handler failed"),
+        rule=Rule.FATAL, role=Role.CONSEQUENCE,
+        cause="The engine stopped after an error in one of its processes; the real cause is above it in the log.",
+        fix="Fix the cause named as the first real failure; then restart the server (it does not recover)."),
+    # vllm/v1/executor/multiproc_executor.py monitor_workers.
+    Signature(
+        id="worker-died",
+        title="a tensor-parallel worker process died",
+        needles=("died unexpectedly",),
+        confirm=re.compile(r"(?:Worker proc|RayWorkerProc rank=)(?P<worker>\S+) died unexpectedly"),
+        rule=Rule.FATAL, role=Role.CONSEQUENCE,
+        cause=("A worker exited without reporting an error: killed (host out of memory), crashed in a "
+               "CUDA kernel, or stopped by a signal."),
+        fix="Look just above for its last messages; if there are none, check the host's memory (dmesg, `free -g`)."),
+    # uvicorn access log: '127.0.0.1:40112 - "POST /v1/chat/completions HTTP/1.1" 500 Internal Server Error'.
+    Signature(
+        id="http-5xx",
+        title="the server answered requests with a server error (5xx)",
+        needles=(' HTTP/1.1" 5', ' HTTP/1.0" 5', ' HTTP/2" 5'),
+        confirm=re.compile(r'"(?P<method>[A-Z]+) (?P<path>\S+) HTTP/[\d.]+" (?P<status>5\d\d)\b'),
+        rule=Rule.FATAL, role=Role.CONSEQUENCE,
+        cause="The server was up but failed requests (500), or reported itself unhealthy (503 after the engine died).",
+        fix="Fix the cause named as the first real failure and restart the server."),
+    # Our own status lines (DESIGN.md): the banner's runtime=, the warmup's result, register()'s warning.
+    Signature(
+        id="caovan-runtime-fail",
+        title="our launcher's checks failed (runtime=FAIL)",
+        needles=("runtime=FAIL",),
+        confirm=re.compile(r"^(?:\[Caovan\] )?runtime=FAIL\b"),
+        rule=Rule.FATAL, role=Role.CAUSE,
+        cause="A runtime check failed (no Turing GPU, driver too old for torch's CUDA, too little host memory, ...).",
+        fix="Run `caovan-sm75-doctor`: it names the failing check and its remedy."),
+    Signature(
+        id="caovan-runtime-warn",
+        title="our launcher's checks warned (runtime=WARN)",
+        needles=("runtime=WARN",),
+        confirm=re.compile(r"^(?:\[Caovan\] )?runtime=WARN\b"),
+        rule=Rule.WARNING, role=Role.CAUSE,
+        cause="A runtime check warned; the server may still run.",
+        fix="Run `caovan-sm75-doctor` to see which check and its remedy."),
+    Signature(
+        id="caovan-warmup-failed",
+        title="caovan-sm75-warmup failed",
+        needles=("warmup=FAILED",),
+        confirm=re.compile(r"warmup=FAILED(?: step=(?P<step>\S+))?(?: reason=(?P<reason>.*))?"),
+        rule=Rule.FATAL, role=Role.SYMPTOM,
+        cause="A warmup request failed; the server's own log around that time says why.",
+        fix="Fix the failure the server logged for that request, restart, and run the warmup again."),
+    Signature(
+        id="caovan-plugin-inactive",
+        title="our plugin is inactive in a process",
+        needles=("Caovan SM75 Turbo3: plugin inactive",),
+        confirm=re.compile(r"plugin inactive in this process: ?(?P<reason>.*)"),
+        rule=Rule.WARNING, role=Role.CAUSE,
+        cause="register() met an error and left this process to plain vLLM (the reason is on the line).",
+        fix="Run `caovan-sm75-doctor --settings`; a CAOVAN_* value it rejects is the usual reason."),
+    # Harmless messages people ask about on Turing boxes.
+    Signature(
+        id="flashinfer-sampler-fallback",
+        title="FlashInfer sampler off, PyTorch sampler used",
+        needles=("FlashInfer top-p/top-k sampling not supported on compute capability",
+                 "FlashInfer top-p/top-k sampling disabled via VLLM_USE_FLASHINFER_SAMPLER=0"),
+        rule=Rule.HARMLESS, role=Role.CAUSE,
+        cause="The sampler guard (or vLLM itself on this GPU) chose PyTorch's sampler: it works everywhere.",
+        fix="Nothing to do. CAOVAN_FLASHINFER_SAMPLER=probe tries FlashInfer's (+15-20 % decode where it builds)."),
+    # vllm/distributed/device_communicators/custom_all_reduce.py.
+    Signature(
+        id="custom-allreduce-disabled",
+        title="custom all-reduce disabled, NCCL used",
+        needles=("Custom allreduce is disabled",),
+        rule=Rule.HARMLESS, role=Role.CAUSE,
+        cause="GeForce cards without P2P/NVLink cannot use vLLM's custom all-reduce; NCCL does the job.",
+        fix="Nothing to do (pass --disable-custom-all-reduce to silence it)."),
+    # torch/_inductor/utils.py.
+    Signature(
+        id="inductor-few-sms",
+        title="torch.compile skips max-autotune GEMMs on this GPU",
+        needles=("Not enough SMs to use max_autotune_gemm mode",),
+        rule=Rule.HARMLESS, role=Role.CAUSE,
+        cause="torch.compile's autotuned GEMMs want more SMs than a consumer card has; it uses its defaults.",
+        fix="Nothing to do."),
+)
+
+BY_ID: dict[str, Signature] = {s.id: s for s in SIGNATURES}

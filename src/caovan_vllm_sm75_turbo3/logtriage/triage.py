@@ -1,0 +1,430 @@
+"""Read a vLLM server log once, in order, and say what went wrong: our status lines first, then the
+first real failure and its likely cause, then every known message judged harmless or fatal."""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from ..errors import CaovanError
+from ..policy import vllm_versions as vv
+from .reader import LogLine, open_log, read_lines
+from .signatures import BY_ID, CONTEXT_LINES, SIGNATURES, Role, Rule, Signature
+
+MAX_TEXT = 300            # characters of a matched line kept as its excerpt
+MAX_STATUS_KEYS = 64      # key=value lines kept from one banner
+MAX_PROCESSES = 256       # processes whose open traceback is tracked
+
+BANNER = re.compile(r"Caovan vLLM SM75 Turbo3 external plugin v(?P<version>\S+)")
+STATUS_LINE = re.compile(r"^(?:\[Caovan\] )?(?P<key>[a-z][a-z0-9_]*)=(?P<value>\S.*)$")
+WARMUP_LINE = re.compile(r"\[Caovan\] (?P<line>warmup=\S+.*)$")
+ACCESS = re.compile(r'"(?P<method>[A-Z]+) (?P<path>\S+) HTTP/[\d.]+" (?P<status>\d{3})\b')
+VLLM_VERSION = re.compile(r"(?:vLLM (?:API )?server version|\bversion) v?(?P<version>\d+\.\d+\.\d+[\w.+-]*)")
+ERROR_WORDS = re.compile(r"Error\b|error:|[Ff]ailed|FAILED")
+KERNEL_LAUNCH = re.compile(r"(?P<kernel>\w+)\[[^\]]*\]\(")
+FRAME = re.compile(r'File "(?P<path>[^"]+)", line \d+, in (?P<func>\w+)')
+EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(?::|$)")
+NOT_FAILURES = ("KeyboardInterrupt", "SystemExit", "CancelledError")
+
+# Start-up phases, from vLLM 0.21's progress messages (later matches win).
+PHASE_MARKERS: tuple[tuple[str, str], ...] = (
+    ("Starting to load model", "load"),
+    ("Loading safetensors checkpoint shards", "load"),
+    ("Model loading took", "profile"),
+    ("Available KV cache memory", "kv-cache"),
+    ("Capturing CUDA graphs", "graph-capture"),
+    ("Graph capturing finished", "warmup"),
+    ("init engine (profile, create kv cache, warmup model) took", "serving"),
+    ("Application startup complete", "serving"),
+)
+# Traceback frames that pin the phase of a failure more exactly than the last progress message.
+PHASE_FRAMES: dict[str, str] = {
+    "load_model": "load", "load_weights": "load",
+    "profile_run": "profile", "determine_available_memory": "profile", "_dummy_sampler_run": "profile",
+    "check_enough_kv_cache_memory": "kv-cache", "get_kv_cache_configs": "kv-cache",
+    "capture_model": "graph-capture",
+}
+PHASE_WORDS: dict[str, str] = {
+    "load": "while loading the weights", "profile": "during the memory-profile run",
+    "kv-cache": "while sizing the KV cache", "graph-capture": "during CUDA-graph capture",
+    "warmup": "during start-up warm-up", "serving": "while serving",
+}
+# What our banner's values mean, for the summary (DESIGN.md's status lines).
+STATUS_MEANINGS: dict[tuple[str, str], str] = {
+    ("runtime", "PASS"): "our runtime checks passed",
+    ("runtime", "WARN"): "a runtime check warned (caovan-sm75-doctor says which)",
+    ("runtime", "FAIL"): "a runtime check failed: the launch stops (caovan-sm75-doctor says which)",
+    ("flashinfer_sampler", "disabled-sm75-guard"): "FlashInfer sampler off by the SM75 guard (PyTorch sampler)",
+    ("post_start_warmup", "disabled-default"): "no automatic warmup: run caovan-sm75-warmup after start",
+    ("gdn_legacy", "disabled-by-user"): "vLLM's own GDN prefill kept (CAOVAN_GDN_LEGACY_DISABLE=1)",
+}
+
+
+@dataclass
+class Finding:
+    """Every line of one known message, judged."""
+
+    id: str
+    title: str
+    status: str                 # fatal | warning | harmless
+    role: str
+    first_line: int
+    last_line: int
+    count: int
+    text: str                   # the first matching line, cleaned
+    process: str | None
+    cause: str
+    fix: str
+    details: dict[str, str] = field(default_factory=dict)
+    phase: str | None = None
+    note: str = ""              # why this status (for messages judged by what follows them)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"id": self.id, "title": self.title, "status": self.status, "role": self.role,
+                "first_line": self.first_line, "last_line": self.last_line, "count": self.count,
+                "text": self.text, "process": self.process, "phase": self.phase, "details": self.details,
+                "note": self.note, "cause": self.cause, "fix": self.fix}
+
+
+@dataclass
+class CaovanSummary:
+    """Our own status lines, as found in the log."""
+
+    version: str | None = None
+    line: int | None = None
+    banners: int = 0
+    status: dict[str, str] = field(default_factory=dict)
+    warmup: str | None = None
+    warmup_line: int | None = None
+
+    def meanings(self) -> dict[str, str]:
+        """A plain-words reading of each status value we know."""
+        out = {k: STATUS_MEANINGS[(k, v)] for k, v in self.status.items() if (k, v) in STATUS_MEANINGS}
+        if m := re.fullmatch(r"(\d+)/(\d+)", self.status.get("sm75", "")):
+            n, total = int(m.group(1)), int(m.group(2))
+            out["sm75"] = (f"{n} of {total} visible GPUs are Turing (SM75)" if n else
+                           "no Turing GPU visible: the plugin stays inactive")
+        if "gdn_legacy" in self.status and "gdn_legacy" not in out:
+            out["gdn_legacy"] = f"GDN prefill path: {self.status['gdn_legacy']}"
+        return out
+
+    def to_dict(self) -> dict[str, object]:
+        return {"version": self.version, "line": self.line, "banners": self.banners, "status": self.status,
+                "meanings": self.meanings(), "warmup": self.warmup, "warmup_line": self.warmup_line}
+
+
+@dataclass
+class Failure:
+    """The first real failure: a known cause, or the first unknown exception when the engine died."""
+
+    line: int
+    text: str
+    id: str
+    cause: str
+    fix: str
+
+    def to_dict(self) -> dict[str, object]:
+        return {"line": self.line, "text": self.text, "id": self.id, "cause": self.cause, "fix": self.fix}
+
+
+@dataclass
+class Triage:
+    """The result: what the log shows, ordered by importance."""
+
+    source: str
+    lines: int
+    vllm_version: str | None
+    ready_line: int | None
+    http_ok: int
+    http_error: int
+    caovan: CaovanSummary
+    first_failure: Failure | None
+    findings: list[Finding]
+
+    @property
+    def verdict(self) -> str:
+        """fatal | warning | harmless-only | clean."""
+        statuses = {f.status for f in self.findings}
+        for s in ("fatal", "warning"):
+            if s in statuses:
+                return s
+        return "harmless-only" if statuses else "clean"
+
+    @property
+    def exit_code(self) -> int:
+        """2 fatal, 1 warning (degraded, or not decided by the end of the log), 0 otherwise."""
+        return {"fatal": 2, "warning": 1}.get(self.verdict, 0)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"source": self.source, "lines": self.lines, "verdict": self.verdict,
+                "exit_code": self.exit_code, "vllm_version": self.vllm_version,
+                "ready_line": self.ready_line, "http_ok": self.http_ok, "http_error": self.http_error,
+                "caovan": self.caovan.to_dict(),
+                "first_failure": self.first_failure.to_dict() if self.first_failure else None,
+                "findings": [f.to_dict() for f in self.findings]}
+
+
+@dataclass
+class _Hit:
+    sig: Signature
+    line: LogLine
+    details: dict[str, str]
+    phase: str | None
+    until: int = 0
+    count: int = 1
+
+
+class _Reader:
+    """The state of one pass over a log; everything it keeps is bounded."""
+
+    def __init__(self) -> None:
+        self.lines = 0
+        self.phase: str | None = None
+        self.vllm_version: str | None = None
+        self.ready_line: int | None = None
+        self.http_ok = 0
+        self.http_error = 0
+        self.caovan = CaovanSummary()
+        self.in_banner = False
+        # Open tracebacks by process: lines of other processes may come between a traceback's lines.
+        self.tracebacks: dict[str | None, str | None] = {}   # process -> phase pinned by its frames
+        self.recent: deque[str] = deque(maxlen=CONTEXT_LINES)
+        self.findings: dict[str, Finding] = {}
+        self.pending: list[_Hit] = []
+        self.first_unknown: tuple[LogLine, str] | None = None
+        # Shared-memory waits are judged per episode: from the first wait to what ends it.
+        self.wait_open = False
+        self.wait_outcome: dict[str, str] = {}   # "harmless"/"fatal" -> the deciding line, first seen
+
+    # -- one line -------------------------------------------------------------------------------
+    def feed(self, ln: LogLine) -> None:
+        self.lines = ln.number
+        text = ln.text
+        self._resolve_pending(ln)
+        self._track_phase(text)
+        self._track_caovan(ln)
+        if self.vllm_version is None and ("version" in text) and (m := VLLM_VERSION.search(text)):
+            if "vLLM" in text or "\u2588" in text:   # the plain line or vLLM's logo
+                self.vllm_version = m.group("version")
+        kind, tb_phase = self._track_traceback(ln)
+        matched = self._match(ln, kind, tb_phase)
+        if kind == "exception" and not matched:
+            self._note_unknown_exception(ln, tb_phase)
+        self._track_http(ln)
+        if "Application startup complete" in text:
+            self.ready_line = self.ready_line or ln.number
+            self._close_wait("harmless", ln)
+        elif "init engine (profile, create kv cache, warmup model) took" in text:
+            self._close_wait("harmless", ln)
+        self.recent.append(text)
+
+    def _track_phase(self, text: str) -> None:
+        for marker, phase in PHASE_MARKERS:
+            if marker in text:
+                self.phase = phase
+
+    def _track_caovan(self, ln: LogLine) -> None:
+        text = ln.text
+        if m := BANNER.search(text):
+            self.caovan.banners += 1
+            self.in_banner = self.caovan.banners == 1   # the first launch is summarised
+            if self.in_banner:
+                self.caovan.version, self.caovan.line = m.group("version"), ln.number
+            return
+        if m := WARMUP_LINE.search(text):
+            if self.caovan.warmup is None or self.caovan.warmup.startswith("warmup=READY"):
+                self.caovan.warmup, self.caovan.warmup_line = m.group("line")[:MAX_TEXT], ln.number
+            return
+        if self.in_banner:
+            m = STATUS_LINE.match(text)
+            if m is None:
+                self.in_banner = False
+            elif len(self.caovan.status) < MAX_STATUS_KEYS:
+                self.caovan.status.setdefault(m.group("key"), m.group("value")[:MAX_TEXT])
+
+    def _track_traceback(self, ln: LogLine) -> tuple[str, str | None]:
+        """('' | 'error' | 'traceback' | 'exception', the phase its frames pin) for this line."""
+        text = ln.text
+        stripped = text.lstrip()
+        if stripped.startswith("Traceback (most recent call last)"):
+            if ln.process in self.tracebacks or len(self.tracebacks) < MAX_PROCESSES:
+                self.tracebacks[ln.process] = None
+            return "traceback", None
+        if ln.process in self.tracebacks:
+            phase = self.tracebacks[ln.process]
+            if text[:1].isspace() or stripped.startswith(("File ", "^", "~")):
+                if (m := FRAME.search(text)) and m.group("func") in PHASE_FRAMES:
+                    self.tracebacks[ln.process] = phase or PHASE_FRAMES[m.group("func")]
+                return "traceback", self.tracebacks[ln.process]
+            del self.tracebacks[ln.process]
+            if EXCEPTION.match(stripped):
+                return "exception", phase
+        if ln.level in ("WARNING", "ERROR", "CRITICAL") or ERROR_WORDS.search(text):
+            return "error", None
+        return "", None
+
+    def _track_http(self, ln: LogLine) -> None:
+        if "HTTP/" not in ln.text or (m := ACCESS.search(ln.text)) is None:
+            return
+        status = int(m.group("status"))
+        if 200 <= status < 300:
+            self.http_ok += 1
+            self._close_wait("harmless", ln)
+        elif status >= 500:
+            self.http_error += 1
+
+    # -- signatures -----------------------------------------------------------------------------
+    def _match(self, ln: LogLine, kind: str, tb_phase: str | None) -> bool:
+        for sig in SIGNATURES:
+            details = sig.matches(ln.text)
+            if details is None or (sig.error_context and not kind):
+                continue
+            phase = (tb_phase or self.phase) if sig.fixes_by_phase or sig.id == "host-oom-kill" else None
+            hit = _Hit(sig, ln, details, phase)
+            if sig.id == "triton-shared-memory":
+                hit.details.update(self._kernel_name())
+            if sig.rule is Rule.UNTIL_READY:
+                self.wait_open = True
+            elif sig.rule is Rule.FATAL:
+                self._close_wait("fatal", ln)
+            if sig.context and not any(c in r for r in self.recent for c in sig.context):
+                self._defer(hit)
+            else:
+                self._record(sig, hit)
+            return True
+        return False
+
+    def _kernel_name(self) -> dict[str, str]:
+        """The Triton kernel a shared-memory error is about: its launch line in the traceback above."""
+        for text in reversed(self.recent):
+            if m := KERNEL_LAUNCH.search(text):
+                return {"kernel": m.group("kernel")}
+        for text in reversed(self.recent):
+            if (m := FRAME.search(text)) and "/triton/" not in m.group("path"):
+                return {"kernel": m.group("func")}
+        return {}
+
+    def _defer(self, hit: _Hit) -> None:
+        for p in self.pending:
+            if p.sig is hit.sig:
+                p.count += 1
+                return
+        hit.until = hit.line.number + CONTEXT_LINES
+        self.pending.append(hit)
+
+    def _resolve_pending(self, ln: LogLine) -> None:
+        for p in list(self.pending):
+            if any(c in ln.text for c in p.sig.context):
+                self.pending.remove(p)
+                self._record(p.sig, p)
+            elif ln.number > p.until:
+                self.pending.remove(p)
+                self._record(BY_ID[p.sig.otherwise or p.sig.id], p)
+
+    def _record(self, sig: Signature, hit: _Hit) -> None:
+        f = self.findings.get(sig.id)
+        if f is None:
+            status = "fatal" if sig.rule is Rule.UNTIL_READY else sig.rule.value   # decided in finish()
+            fix = sig.fixes_by_phase.get(hit.phase or "", sig.fix)
+            self.findings[sig.id] = Finding(
+                sig.id, sig.title, status, sig.role.value, hit.line.number, hit.line.number, hit.count,
+                hit.line.text[:MAX_TEXT], hit.line.process, sig.cause, fix, dict(hit.details), hit.phase)
+            return
+        f.last_line = max(f.last_line, hit.line.number)
+        f.count += hit.count
+
+    def _close_wait(self, outcome: str, ln: LogLine) -> None:
+        if self.wait_open:
+            self.wait_open = False
+            self.wait_outcome.setdefault(outcome, f"line {ln.number}: {ln.text[:120]}")
+
+    def _note_unknown_exception(self, ln: LogLine, tb_phase: str | None) -> None:
+        if self.first_unknown is None and not any(n in ln.text for n in NOT_FAILURES):
+            self.first_unknown = (ln, tb_phase or self.phase or "")
+
+    # -- the end --------------------------------------------------------------------------------
+    def finish(self, source: str) -> Triage:
+        for p in list(self.pending):
+            self.pending.remove(p)
+            self._record(BY_ID[p.sig.otherwise or p.sig.id], p)
+        wait = self.findings.get("shm-broadcast-wait")
+        if wait is not None:
+            if "fatal" in self.wait_outcome:
+                wait.status, wait.note = "fatal", f"followed by a failure ({self.wait_outcome['fatal']})"
+            elif self.wait_open:
+                wait.status = "warning"
+                wait.note = ("not decided: the log ends while a process was still waiting; "
+                             "if the server answers /health with 200 later, it was harmless")
+            else:
+                wait.status = "harmless"
+                wait.note = f"the server answered afterwards ({self.wait_outcome.get('harmless', '')})"
+        self._explain_details()
+        roles = [r.value for r in Role]
+        findings = sorted(self.findings.values(), key=lambda f: (
+            ("fatal", "warning", "harmless").index(f.status), roles.index(f.role), f.first_line))
+        return Triage(source, self.lines, self.vllm_version, self.ready_line, self.http_ok, self.http_error,
+                      self.caovan, self._first_failure(findings), findings)
+
+    def _explain_details(self) -> None:
+        """Put what the log itself says (numbers, names, the vLLM release) into the advice."""
+        f = self.findings.get("triton-shared-memory")
+        if f and "required" in f.details:
+            kernel = f.details.get("kernel", "a Triton kernel")
+            f.cause = (f"{kernel} asks for {int(f.details['required']):,} bytes of shared memory per block; "
+                       f"this GPU allows {int(f.details.get('limit', 0)):,}. " + f.cause)
+        f = self.findings.get("fp8-kv-unsupported")
+        if f and self.vllm_version and vv.has("triton-attn-fp8-kv-on-sm75", self.vllm_version) is False:
+            f.cause = (f"This log is from vLLM {self.vllm_version}, which has no attention backend for fp8 KV "
+                       "below SM89. " + f.cause)
+        f = self.findings.get("cuda-oom")
+        if f and f.phase in PHASE_WORDS:
+            f.cause = f"{f.cause} It happened {PHASE_WORDS[f.phase]}."
+            if "estimated_max_len" in f.details:
+                f.fix += f" vLLM estimates that --max-model-len {f.details['estimated_max_len']} would fit."
+        f = self.findings.get("host-oom-kill")
+        if f and f.phase in PHASE_WORDS:
+            f.cause = f"{f.cause} It happened {PHASE_WORDS[f.phase]}."
+        f = self.findings.get("bf16-unsupported")
+        if f and "gpu" in f.details:
+            f.cause = (f"{f.details['gpu']} has compute capability {f.details.get('capability', '?')}. "
+                       + f.cause)
+
+    def _first_failure(self, findings: list[Finding]) -> Failure | None:
+        fatal = [f for f in findings if f.status == "fatal"]
+        if not fatal:
+            return None
+        causes = [f for f in fatal if f.role == Role.CAUSE.value]
+        if causes:
+            f = min(causes, key=lambda x: x.first_line)
+            return Failure(f.first_line, f.text, f.id, f.cause, f.fix)
+        if self.first_unknown is not None:
+            ln, phase = self.first_unknown
+            where = f" It happened {PHASE_WORDS[phase]}." if phase in PHASE_WORDS else ""
+            return Failure(ln.number, ln.text[:MAX_TEXT], "unknown",
+                           "Not a message this tool knows: this is the first exception in the log, "
+                           "which is usually the root cause." + where,
+                           f"Read the traceback that ends at line {ln.number}; search the vLLM issues for "
+                           "its last line, and report it to us with the log if it is about SM75.")
+        f = min(fatal, key=lambda x: (x.role != Role.SYMPTOM.value, x.first_line))
+        return Failure(f.first_line, f.text, f.id, f.cause, f.fix)
+
+
+def triage_lines(lines: Iterable[LogLine], source: str = "-") -> Triage:
+    """Triage cleaned log lines (see reader.read_lines), in one pass."""
+    state = _Reader()
+    for ln in lines:
+        state.feed(ln)
+    return state.finish(source)
+
+
+def triage_path(path: str) -> Triage:
+    """Triage the log at `path` (`-`: standard input). Raises CaovanError when it cannot be read."""
+    with open_log(path) as stream:
+        try:
+            return triage_lines(read_lines(stream), path)
+        except (OSError, EOFError) as err:
+            label = "standard input" if path == "-" else repr(path)
+            raise CaovanError(f"--log {label}: reading failed part-way ({getattr(err, 'strerror', None) or err})"
+                              ) from None
