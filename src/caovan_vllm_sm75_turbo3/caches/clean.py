@@ -80,7 +80,7 @@ class Plan:
     targets: list[Target] = field(default_factory=list)
     skipped: list[tuple[CacheEntry, str]] = field(default_factory=list)  # left by design
     busy: list[tuple[CacheEntry, str]] = field(default_factory=list)     # would go, but in use: not done
-    refused: list[tuple[CacheEntry, str]] = field(default_factory=list)  # unsafe root: never touched
+    refused: list[tuple[Path, str]] = field(default_factory=list)        # unsafe root: never touched
 
 
 def vllm_processes() -> list[int]:
@@ -107,13 +107,18 @@ def plan_clean(inv: Inventory, env: Mapping[str, str], *, everything: bool, shar
     """
     plan = Plan()
     envs = inv.root / ENVS
-    our_refusal = refusal(inv.root, env) or refusal(envs, env)
+    our_refusal = None
+    if os.path.lexists(inv.root):
+        our_refusal = refusal(inv.root, env) or (refusal(envs, env) if os.path.lexists(envs) else None)
+    if our_refusal:
+        plan.refused.append((inv.root, our_refusal + "; set CAOVAN_CACHE_DIR (or --cache-dir) to a "
+                                                     "directory of its own"))
     for e in inv.entries:
         if e.kind == KEY:
             if e.current and not everything:
                 plan.skipped.append((e, "the current environment's cache (clean --all removes it)"))
             elif our_refusal:
-                plan.refused.append((e, our_refusal))
+                continue
             elif e.in_use and not force:
                 plan.busy.append((e, _in_use_text(e.users)))
             else:
@@ -123,7 +128,7 @@ def plan_clean(inv: Inventory, env: Mapping[str, str], *, everything: bool, shar
                 continue
             why = refusal(e.path, env)
             if why:
-                plan.refused.append((e, why))
+                plan.refused.append((e.path, why))
             elif vllm_pids and not force:
                 plan.busy.append((e, "vLLM is running (process " + ", ".join(map(str, vllm_pids))
                                      + ") and may be using it; stop it first or pass --force"))

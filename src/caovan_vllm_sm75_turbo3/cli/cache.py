@@ -161,7 +161,7 @@ def _clean(args: argparse.Namespace, inv: Inventory, env: Mapping[str, str]) -> 
             "planned": [dict(t.entry.to_dict(), group=t.group) for t in plan.targets],
             "skipped": [{"path": str(e.path), "reason": r} for e, r in plan.skipped],
             "in_use": [{"path": str(e.path), "reason": r} for e, r in plan.busy],
-            "refused": [{"path": str(e.path), "reason": r} for e, r in plan.refused],
+            "refused": [{"path": str(p), "reason": r} for p, r in plan.refused],
             "declined": declined, "outcome": outcome.to_dict(), "exit_code": code}, indent=2))
     elif not args.dry_run:
         _print_outcome(outcome, declined)
@@ -184,8 +184,8 @@ def _print_plan(plan: Plan, ours: list[Target], shared: list[Target], dry_run: b
         print(f"kept {e.path}: {reason}")
     for e, reason in plan.busy:
         print(f"NOT removing {e.path}: {reason}")
-    for e, reason in plan.refused:
-        print(f"refused {e.path}: {reason}")
+    for path, reason in plan.refused:
+        print(f"refused {path}: {reason}")
     if dry_run:
         print("dry run: nothing was touched")
 
