@@ -442,5 +442,5 @@ def test_a_directory_swapped_for_a_symlink_mid_clean_is_not_followed(cenv, capsy
     code, report = run_json(["clean", "--yes"], capsys, monkeypatch)
     monkeypatch.setattr(clean_mod.os, "open", real_open)
     assert code == 1
-    assert [r["reason"] for r in report["outcome"]["not_removed"]] == ["became a symlink meanwhile; not followed"]
+    assert [r["reason"] for r in report["outcome"]["not_removed"]] == ["became a symlink or a file meanwhile; not followed"]
     assert tree_hash(cenv.outside) == before

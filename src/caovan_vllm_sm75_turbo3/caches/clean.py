@@ -238,7 +238,9 @@ class _Remover:
 
     def _fail(self, shown: str, err: OSError) -> bool:
         reason = {errno.EACCES: "permission denied", errno.EPERM: "operation not permitted",
+                  # O_NOFOLLOW|O_DIRECTORY on what is now a link: ENOTDIR (Linux) or ELOOP
                   errno.ELOOP: "became a symlink meanwhile; not followed",
+                  errno.ENOTDIR: "became a symlink or a file meanwhile; not followed",
                   errno.ENOTEMPTY: "new files appeared in it meanwhile"}.get(err.errno, err.strerror or str(err))
         self.out.not_removed.append((shown, reason))
         return False
