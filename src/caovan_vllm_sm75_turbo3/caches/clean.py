@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .inventory import KEY, SHARED, USER_SET, CacheEntry, Inventory, _home, _tmp, _xdg_cache
+from .inventory import KEY, SHARED, USER_SET, CacheEntry, Inventory, home_dir, tmp_dir, xdg_cache_dir
 from .layout import ENVS, IN_USE_LOCK, users
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -39,12 +39,12 @@ def refusal(path: Path, env: Mapping[str, str]) -> str | None:
             return f"{path} is not an absolute path"
         if resolved == Path("/"):
             return f"{path} is the file-system root /"
-        home = Path(os.path.realpath(_home(env)))
+        home = Path(os.path.realpath(home_dir(env)))
         if resolved == home or resolved in home.parents:
             return f"{path} is your home directory or holds it ({home})"
         if len(resolved.parts) < 3:
             return f"{path} resolves to the top-level directory {resolved}"
-        for broad in (_xdg_cache(env), home / ".cache", _tmp(env), Path("/tmp"), Path("/var/tmp")):
+        for broad in (xdg_cache_dir(env), home / ".cache", tmp_dir(env), Path("/tmp"), Path("/var/tmp")):
             if resolved == Path(os.path.realpath(broad)):
                 return f"{path} resolves to {resolved}, a directory shared by everything"
         st = os.stat(resolved)

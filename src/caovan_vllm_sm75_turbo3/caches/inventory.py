@@ -24,13 +24,15 @@ USER_SET = "user-set"  # a cache directory the user chose with an environment va
 UNKNOWN = "unknown"    # something under envs/ that we did not create: listed, never cleaned
 
 
-def _home(env: Mapping[str, str]) -> Path:
+def home_dir(env: Mapping[str, str]) -> Path:
+    """$HOME from `env` (else the password database)."""
     return Path(env.get("HOME") or os.path.expanduser("~"))
 
 
-def _xdg_cache(env: Mapping[str, str]) -> Path:
+def xdg_cache_dir(env: Mapping[str, str]) -> Path:
+    """${XDG_CACHE_HOME:-$HOME/.cache}."""
     # vLLM and torch's appdirs both take XDG_CACHE_HOME when set, else ~/.cache
-    return Path(env["XDG_CACHE_HOME"]) if env.get("XDG_CACHE_HOME") else _home(env) / ".cache"
+    return Path(env["XDG_CACHE_HOME"]) if env.get("XDG_CACHE_HOME") else home_dir(env) / ".cache"
 
 
 def _user_name(env: Mapping[str, str]) -> str:
@@ -41,7 +43,8 @@ def _user_name(env: Mapping[str, str]) -> str:
     return pwd.getpwuid(os.getuid()).pw_name
 
 
-def _tmp(env: Mapping[str, str]) -> Path:
+def tmp_dir(env: Mapping[str, str]) -> Path:
+    """The temporary directory torch would use: $TMPDIR, else Python's default."""
     return Path(env.get("TMPDIR") or tempfile.gettempdir())
 
 
@@ -56,15 +59,15 @@ class SharedDefault:
 
 
 SHARED_DEFAULTS: tuple[SharedDefault, ...] = (
-    SharedDefault("vllm", "VLLM_CACHE_ROOT", lambda env: _xdg_cache(env) / "vllm"),
-    SharedDefault("triton", "TRITON_CACHE_DIR", lambda env: _home(env) / ".triton" / "cache"),
-    SharedDefault("flashinfer", "FLASHINFER_WORKSPACE_BASE", lambda env: _home(env) / ".cache" / "flashinfer",
+    SharedDefault("vllm", "VLLM_CACHE_ROOT", lambda env: xdg_cache_dir(env) / "vllm"),
+    SharedDefault("triton", "TRITON_CACHE_DIR", lambda env: home_dir(env) / ".triton" / "cache"),
+    SharedDefault("flashinfer", "FLASHINFER_WORKSPACE_BASE", lambda env: home_dir(env) / ".cache" / "flashinfer",
                   below_variable=".cache/flashinfer"),
-    SharedDefault("torch_extensions", "TORCH_EXTENSIONS_DIR", lambda env: _xdg_cache(env) / "torch_extensions"),
+    SharedDefault("torch_extensions", "TORCH_EXTENSIONS_DIR", lambda env: xdg_cache_dir(env) / "torch_extensions"),
     # torch's inductor default: <tempdir>/torchinductor_<user>, user name sanitised as torch does
     SharedDefault("inductor", "TORCHINDUCTOR_CACHE_DIR",
-                  lambda env: _tmp(env) / ("torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", _user_name(env)))),
-    SharedDefault("cuda", "CUDA_CACHE_PATH", lambda env: _home(env) / ".nv" / "ComputeCache"),
+                  lambda env: tmp_dir(env) / ("torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", _user_name(env)))),
+    SharedDefault("cuda", "CUDA_CACHE_PATH", lambda env: home_dir(env) / ".nv" / "ComputeCache"),
 )
 
 
