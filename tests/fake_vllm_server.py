@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import pytest
+
 MODEL = "Qwen3.6-27B-AWQ-INT4"
 BLOCK = 16  # prefix-cache block size in tokens
 NATURAL_STOP = 12  # tokens generated before EOS when ignore_eos is not set
@@ -161,6 +163,11 @@ def _make_handler(server: FakeVllm) -> type[BaseHTTPRequestHandler]:
 
         def log_message(self, *args: Any) -> None:  # keep test output clean
             pass
+
+        def setup(self) -> None:
+            super().setup()
+            # As uvicorn (asyncio sets TCP_NODELAY): no 40 ms Nagle / delayed-ACK stall per reply.
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
         # --- plumbing ---
         def _send_json(self, code: int, obj: Any) -> None:
@@ -383,3 +390,17 @@ def _make_handler(server: FakeVllm) -> type[BaseHTTPRequestHandler]:
             self._chunk(b"")  # end of the chunked body
 
     return Handler
+
+
+@pytest.fixture
+def fake():
+    """`fake(**FakeConfig fields)` starts a fake server; all are stopped after the test."""
+    servers: list[FakeVllm] = []
+
+    def start(**changes: Any) -> FakeVllm:
+        server = FakeVllm(FakeConfig(**changes)).start()
+        servers.append(server)
+        return server
+    yield start
+    for server in servers:
+        server.stop()

@@ -249,7 +249,8 @@ class ServerClient:
             raise StepError(f"timeout: POST /tokenize gave no reply within {timeout_s:g} s") from None
         except httpx.TransportError as err:
             raise StepError(f"POST /tokenize failed: {err}") from None
-        if resp.status_code in (404, 405, 501):
+        # A missing route is FastAPI's {"detail": "Not Found"}; a 404 ErrorResponse names a wrong model.
+        if resp.status_code in (404, 405, 501) and b'"error"' not in resp.content:
             return None
         _raise_for_status(resp, resp.content, "POST /tokenize: ")
         try:

@@ -120,7 +120,8 @@ def build_ladder(cfg: LadderConfig) -> list[Step]:
              max_tokens=128, ignore_eos=False, optional=True),
     ]
     for k in concurrency_levels(cfg.max_num_seqs):
-        steps.append(Step(f"concurrency-{k}", "concurrency", f"{k} requests at once: batch shape and CUDA graph size {k}",
+        together = "one request alone" if k == 1 else f"{k} requests at once"
+        steps.append(Step(f"concurrency-{k}", "concurrency", f"{together}: batch shape and CUDA graph size {k}",
                           t, max_tokens=32, concurrency=k))
     if cfg.max_num_seqs >= 2:
         steps.append(Step("mixed", "mixed", "one long prefill while the others decode: chunked prefill mixed "
