@@ -36,7 +36,8 @@ import pytest
 MODEL = "Qwen3.6-27B-AWQ-INT4"
 BLOCK = 16  # prefix-cache block size in tokens
 NATURAL_STOP = 12  # tokens generated before EOS when ignore_eos is not set
-FAULTS = ("500", "engine-dies", "cut", "cut-clean", "malformed", "empty", "hang", "stream-error", "reject")
+FAULTS = ("500", "engine-dies", "cut", "cut-clean", "malformed", "wrong-shape", "empty", "hang", "stream-error",
+          "reject")
 _TOKEN_RE = re.compile(r"<\|im_start\|>|<\|im_end\|>|\w+|[^\w\s]")
 
 
@@ -56,6 +57,10 @@ class FakeConfig:
     reply_delay_s: float = 0.0  # every generation takes at least this long (to see requests overlap)
     hang_s: float = 5.0
     faults: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        unknown = set(self.faults.values()) - set(FAULTS)
+        assert not unknown, f"unknown fake faults {unknown}; known: {FAULTS}"
 
 
 def tokenize(text: str) -> list[str]:
@@ -331,6 +336,9 @@ def _make_handler(server: FakeVllm) -> type[BaseHTTPRequestHandler]:
                 self.end_headers()
                 self.wfile.write(raw)
                 return
+            if fault == "wrong-shape":  # valid JSON, not vLLM's shape
+                self._send_json(200, {"object": "chat.completion", "choices": [{"index": 0, "message": "hi"}]})
+                return
             text = "".join(words)
             created = int(time.time())
             if not chat:
@@ -368,6 +376,8 @@ def _make_handler(server: FakeVllm) -> type[BaseHTTPRequestHandler]:
                                             "logprobs": None, "finish_reason": None}]})
             if fault == "malformed":
                 self._sse(b'{"id": "chatcmpl-1", "choices": [{"delta": {"content": " w0"')
+            if fault == "wrong-shape":
+                self._sse({**base, "choices": [{"index": 0, "delta": " w0"}]})
             for i, w in enumerate(words):
                 if fault in ("cut", "cut-clean", "stream-error") and i == 2:
                     break

@@ -99,6 +99,8 @@ def test_chat_completion_and_stream_against_the_fake(fake):
     ("malformed", False, "malformed JSON in the 200 reply"),
     ("malformed", True, "malformed JSON in stream chunk 2"),
     ("stream-error", True, "error inside the stream: Internal server error"),
+    ("wrong-shape", False, "unexpected reply shape"),
+    ("wrong-shape", True, "unexpected reply shape"),
 ])
 def test_faults_raise_with_a_reason(fake, fault, stream, needle):
     srv = fake(faults={"f": fault})

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -202,8 +203,10 @@ class ServerClient:
             raise StepError(f"timeout: no complete reply within {timeout_s:g} s") from None
         except httpx.ConnectError as err:
             raise StepError(f"cannot connect to {self.api_base}: {err}") from None
-        except (httpx.RemoteProtocolError, httpx.ReadError) as err:
-            raise StepError(f"connection broken mid-reply: {err}") from None
+        except httpx.HTTPError as err:
+            raise StepError(f"connection broken mid-reply: {err or type(err).__name__}") from None
+        except (AttributeError, TypeError) as err:  # a JSON reply of the wrong shape (a list, a string...)
+            raise StepError(f"unexpected reply shape: {err}") from None
 
     def _read_sse(self, resp: httpx.Response, reply: Reply, start: float, deadline: float,
                   timeout_s: float) -> list[Any]:
@@ -234,12 +237,12 @@ class ServerClient:
         if stream:
             reply.chunks = len(data)
             return reply
-        return parse_chat(data, reply)
+        return _parsed(parse_chat, data, reply)
 
     def completion(self, body: dict[str, Any], timeout_s: float, request_id: str | None = None) -> Reply:
         """POST /v1/completions (not streaming)."""
         reply, data = self._post("/v1/completions", body, timeout_s, request_id, stream=False)
-        return parse_completion(data, reply)
+        return _parsed(parse_completion, data, reply)
 
     def tokenize(self, body: dict[str, Any], timeout_s: float) -> int | None:
         """POST /tokenize -> the token count; None when the server has no such endpoint."""
@@ -260,6 +263,13 @@ class ServerClient:
         if not isinstance(count, int):
             raise StepError(f"POST /tokenize: count is not a number: {count!r}")
         return count
+
+
+def _parsed(parse: Callable[[Any, Reply], Reply], data: Any, reply: Reply) -> Reply:
+    try:
+        return parse(data, reply)
+    except (AttributeError, TypeError) as err:  # valid JSON, but not the shape vLLM sends
+        raise StepError(f"unexpected reply shape ({err}): {json.dumps(data)[:_SNIPPET]}") from None
 
 
 def _check_deadline(deadline: float, timeout_s: float) -> None:

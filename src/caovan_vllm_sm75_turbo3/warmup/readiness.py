@@ -58,7 +58,7 @@ def wait_until_ready(client: ServerClient, model: str | None, wait_s: float, pol
             what = "the port to accept connections (connection refused: the engine is still loading)"
         except httpx.TimeoutException:
             what = "GET /health to answer (it timed out)"
-        except httpx.TransportError as err:
+        except httpx.HTTPError as err:
             what = f"GET /health to answer ({type(err).__name__}: {err})"
         else:
             if health.status_code == 503:
@@ -88,7 +88,7 @@ def _listed_model(client: ServerClient, model: str | None, timeout_s: float) -> 
     """The served model (name, max_model_len) from GET /v1/models; None when it did not answer yet."""
     try:
         resp = client.get("/v1/models", timeout_s)
-    except httpx.TransportError:
+    except httpx.HTTPError:
         return None
     if resp.status_code == 401:
         raise NotReady("GET /v1/models returned 401 Unauthorized: pass --api-key (or set OPENAI_API_KEY / "

@@ -241,7 +241,7 @@ class _StepRunner:
             code = self.client.get("/health", _HEALTH_AFTER_FAILURE_TIMEOUT_S).status_code
         except httpx.ConnectError:
             return "; the server no longer accepts connections (vLLM exits when its engine dies)"
-        except httpx.TransportError:
+        except httpx.HTTPError:
             return ""
         if code == 503:
             return "; GET /health now returns 503: the engine died"
