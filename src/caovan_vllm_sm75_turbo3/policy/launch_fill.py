@@ -1,0 +1,325 @@
+"""Fill the vLLM arguments the user did not give, from a launch profile and the release table.
+
+`fill_launch` is pure: facts, the model directory's facts, the profile setting, the user's
+vLLM arguments and the profile table in; the arguments to add (each with its reason), the
+memory arithmetic and the decisions as lines, and warnings out. A value the user gave is
+never replaced: it is used for the arithmetic and reported as kept. Rules that hold for
+every profile live here, not in the data:
+- fp8 KV only where the vLLM release has an attention backend that serves it on SM75;
+  FlashInfer attention only where the release still runs it below SM80;
+- speculative decoding (MTP) only when the checkpoint has MTP weights;
+- with MTP on a hybrid GDN model, PIECEWISE CUDA graphs (FULL graphs corrupt the output)
+  with capture sizes for max-num-seqs x (1 + draft tokens);
+- `--disable-custom-all-reduce` with tensor parallel > 1;
+- `--mamba-cache-mode align` with prefix caching on a hybrid model, where it has an effect.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..runtime.facts import Facts
+from ..runtime.model import ModelFacts, ModelShape, model_shape
+from . import vllm_versions as vv
+from .memory_plan import MemoryInputs, MemoryPlan, plan_memory
+from .profiles import Profile, ProfileTable, Setup, matches, select, setup_of
+from .vllm_args import VllmArgs
+
+KV_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}  # anything else: the fp16 model dtype, 2 bytes
+COMPILATION = "--compilation-config"
+
+
+@dataclass(frozen=True)
+class ProfileArg:
+    """One vLLM argument to add (value None: a flag without a value) and why."""
+
+    flag: str
+    value: str | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class LaunchFill:
+    """What the profile step decided."""
+
+    profile: str | None            # the profile's name, "conservative", or None (none/off)
+    args: tuple[ProfileArg, ...] = ()
+    lines: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+    memory: MemoryPlan | None = None
+    setup: Setup | None = None
+
+
+def fp8_kv_on_sm75(version: str | None) -> bool:
+    """Whether this vLLM release has an attention backend that serves fp8 KV on SM75."""
+    return bool(vv.has("triton-attn-fp8-kv-on-sm75", version) or vv.has("flashinfer-on-sm75", version))
+
+
+def mamba_align_effective(version: str | None) -> bool:
+    """Whether `--mamba-cache-mode align` exists and matters for prefix caching in this release."""
+    return bool(vv.has("mamba-align-for-prefix-cache", version)) and not vv.has(
+        "arg-deprecated:--mamba-cache-mode", version)
+
+
+def capture_sizes(max_num_seqs: int, draft_tokens: int) -> list[int]:
+    """CUDA graph sizes for decode with speculation: each sequence verifies 1 + draft tokens."""
+    step = 1 + draft_tokens
+    return [step * s for s in range(1, max_num_seqs + 1)]
+
+
+def tp_divides(shape: ModelShape | None, tp: int) -> bool:
+    """Whether the model's heads split evenly over `tp` GPUs (KV heads may be replicated)."""
+    if shape is None or tp == 1:
+        return True
+    kv = shape.num_kv_heads or 1
+    heads_ok = (shape.num_attention_heads or 0) % tp == 0 and (kv % tp == 0 or tp % kv == 0)
+    linear_ok = all(h is None or h % tp == 0 for h in (shape.linear_num_key_heads, shape.linear_num_value_heads))
+    return heads_ok and linear_ok
+
+
+def conservative_tp(gpus: int, shape: ModelShape | None) -> int:
+    """The largest power of two up to the GPU count that the model's heads divide."""
+    tp = 1
+    while tp * 2 <= gpus and tp_divides(shape, tp * 2):
+        tp *= 2
+    return tp
+
+
+class _Filler:
+    """Collects filled arguments, kept notes and lines for one decision pass."""
+
+    def __init__(self, args: VllmArgs) -> None:
+        self.user = args
+        self.args: list[ProfileArg] = []
+        self.lines: list[str] = []
+        self.warnings: list[str] = []
+
+    def given(self, flag: str) -> bool:
+        # `--compilation-config.mode 3`, `-O3` and `-O.mode` count as giving the compilation config.
+        if self.user.given(flag):
+            return True
+        if any(k.startswith(flag + ".") for k in self.user.flags):
+            return True
+        return flag == COMPILATION and any(k.startswith("-O") for k in self.user.flags)
+
+    def user_value(self, flag: str) -> str | bool | None:
+        return self.user.value(flag)
+
+    def shown(self, flag: str) -> str:
+        """The user's value of `flag` as they gave it, for a `kept:` line."""
+        got = self.user_value(flag)
+        if got is not None:
+            return "on" if got is True else "off" if got is False else str(got)
+        forms = [f"{k} {v}" if isinstance(v, str) else k for k, v in self.user.flags.items()
+                 if k.startswith(flag + ".") or (flag == COMPILATION and k.startswith("-O"))]
+        return ", ".join(forms) or "given"
+
+    def kept(self, flag: str, note: str) -> None:
+        self.lines.append(f"kept: {flag} {self.shown(flag)} as given ({note})")
+
+    def fill(self, flag: str, value: Any, reason: str) -> None:
+        """Add `flag value` unless the user gave the flag; then say it is kept."""
+        text = None if value is None else (value if isinstance(value, str) else json.dumps(value, separators=(",", ":")))
+        if self.given(flag):
+            self.kept(flag, "the profile would use " + ("the flag" if text is None else text))
+            return
+        self.args.append(ProfileArg(flag, text, reason))
+
+
+def _int_value(v: str | bool | None) -> int | None:
+    try:
+        return int(v) if isinstance(v, str) else None
+    except ValueError:
+        return None
+
+
+def _float_value(v: str | bool | None) -> float | None:
+    try:
+        return float(v) if isinstance(v, str) else None
+    except ValueError:
+        return None
+
+
+def _user_speculative(f: _Filler) -> int | None:
+    """Draft tokens in the user's own --speculative-config (None: not given or unreadable)."""
+    raw = f.user_value("--speculative-config")
+    if isinstance(raw, str):
+        try:
+            cfg = json.loads(raw)
+        except json.JSONDecodeError:
+            return None
+        n = cfg.get("num_speculative_tokens") if isinstance(cfg, dict) else None
+        return n if isinstance(n, int) else None
+    n = f.user_value("--speculative-config.num_speculative_tokens")
+    return _int_value(n)
+
+
+def fill_launch(facts: Facts, model: ModelFacts | None, profile_setting: str, args: VllmArgs,
+                table: ProfileTable) -> LaunchFill:
+    """Decide the vLLM arguments to add for this machine and model (see the module doc)."""
+    if profile_setting == "none":
+        return LaunchFill(None, lines=("profile=none: no vLLM argument is filled",))
+    if not facts.sm75_count:
+        return LaunchFill(None, lines=("no SM75 GPU in the facts: no launch profile applies",))
+    shape = model_shape(model.config) if model and model.config else None
+    setup = setup_of(table, facts, shape)
+    f = _Filler(args)
+    version = facts.versions.vllm
+    if profile_setting == "auto":
+        profile = select(table, setup)
+        if profile is None:
+            why = "; ".join(setup.why_unknown) or "no profile for this setup"
+            f.warnings.append(f"no launch profile for {setup.describe()} ({why}): conservative defaults "
+                              "that start, not the fast ones")
+            profile = table.conservative
+    else:
+        profile = table.by_name(profile_setting)
+        if not matches(profile, setup):
+            f.warnings.append(f"profile {profile.name} is for {profile.match.describe() if profile.match else '?'}; "
+                              f"this is {setup.describe()}: its values may not fit")
+    launch = profile.launch
+    f.lines.append(f"profile: {profile.name} ({profile.source.kind}): {profile.source.detail}"
+                   + (f" [{profile.source.where}]" if profile.source.where else ""))
+    if shape is None:
+        f.warnings.append("the model's config.json could not be read (pass a local model directory): "
+                          "no model-dependent argument is filled")
+
+    # Tensor parallel: the user's, else the profile's, else the largest that divides the heads.
+    tp = _int_value(f.user_value("--tensor-parallel-size"))
+    if tp is None:
+        tp = launch.get("tensor_parallel_size") or conservative_tp(facts.sm75_count, shape)
+        if tp > facts.sm75_count or not tp_divides(shape, tp):
+            fallback = conservative_tp(facts.sm75_count, shape)
+            f.warnings.append(f"tensor parallel {tp} does not fit {facts.sm75_count} GPU(s) or the model's heads: "
+                              f"using {fallback}")
+            tp = fallback
+        heads = f"{shape.num_attention_heads} query / {shape.num_kv_heads} KV heads" if shape else "the heads"
+        f.fill("--tensor-parallel-size", str(tp), f"{facts.sm75_count} SM75 GPU(s); {heads} split over {tp}")
+    else:
+        f.kept("--tensor-parallel-size", "the memory plan uses it")
+    dtype = launch.get("dtype")
+    if dtype:
+        f.fill("--dtype", dtype, "Turing has no bf16: fp16 weights and activations")
+    if f.user_value("--dtype") in ("bfloat16",):
+        f.warnings.append("--dtype bfloat16 on SM75: Turing has no bf16, vLLM will refuse it; use half")
+
+    # KV cache dtype: fp8 only where this release can serve it on SM75.
+    kv_pref = launch.get("kv_cache_dtype")
+    if kv_pref:
+        if kv_pref in KV_BYTES and not fp8_kv_on_sm75(version):
+            f.fill("--kv-cache-dtype", "auto", f"the profile asks {kv_pref}, but vLLM {version} has no attention "
+                   "backend for fp8 KV on SM75 (FlashInfer is refused below SM80 and Triton attention rejects "
+                   "fp8 below SM89 from 0.24): fp16 KV")
+        else:
+            why = ("fp8 KV halves the cache; vLLM " + str(version) + " serves it on SM75"
+                   if kv_pref in KV_BYTES else "the model dtype")
+            f.fill("--kv-cache-dtype", kv_pref, why)
+    kv_given = f.user_value("--kv-cache-dtype")
+    if isinstance(kv_given, str) and kv_given in KV_BYTES and not fp8_kv_on_sm75(version):
+        f.warnings.append(f"--kv-cache-dtype {kv_given} kept as given, but vLLM {version} has no backend that "
+                          "serves fp8 KV on SM75: the start will fail")
+    kv_eff = kv_given if isinstance(kv_given, str) else next(
+        (a.value for a in f.args if a.flag == "--kv-cache-dtype"), "auto")
+
+    backend = launch.get("attention_backend")
+    if backend:
+        if backend == "FLASHINFER" and not vv.has("flashinfer-on-sm75", version):
+            f.fill("--attention-backend", "TRITON_ATTN", f"the profile asks FLASHINFER, refused below SM80 in "
+                   f"vLLM {version}: Triton attention, the backend left on SM75")
+        else:
+            f.fill("--attention-backend", backend, "FlashInfer runs on SM75 up to vLLM 0.23 (FLASH_ATTN needs SM80); "
+                   "named so a broken FlashInfer fails at start instead of switching silently"
+                   if backend == "FLASHINFER" else "the profile's attention backend")
+
+    # Speculative decoding: MTP only with MTP weights in the checkpoint.
+    draft = _user_speculative(f)
+    want = launch.get("speculative_tokens", 0)
+    family = table.families.get(setup.family or "")
+    if draft is None and f.given("--speculative-config"):
+        draft = 0
+        f.lines.append("kept: --speculative-config as given (draft tokens unreadable, the memory plan assumes none)")
+    elif draft is not None:
+        f.lines.append(f"kept: --speculative-config as given ({draft} draft tokens)")
+    elif want and shape is not None:
+        method = family.speculative_method if family else None
+        if model is None or not model.has_mtp_weights:
+            declared = f"the config declares {shape.mtp_layers} MTP layer(s) but " if shape.mtp_layers else ""
+            f.lines.append(f"speculative: none: {declared}the checkpoint has no MTP weights (mtp.*)")
+            draft = 0
+        elif not method:
+            f.lines.append(f"speculative: none: no MTP method known for {shape.architecture}")
+            draft = 0
+        else:
+            draft = want
+            f.fill("--speculative-config", {"method": method, "num_speculative_tokens": want},
+                   f"the checkpoint has {model.mtp_weights} MTP weights; {want} draft tokens were fastest on "
+                   "2 x 2080 Ti (about 100 tok/s decode against 45 without; 2 and 4 were slower)")
+    draft = draft or 0
+
+    # Memory: max-model-len and max-num-seqs that fit, from the effective values.
+    util = _float_value(f.user_value("--gpu-memory-utilization"))
+    if util is None:
+        util = launch.get("gpu_memory_utilization", 0.9)
+        f.fill("--gpu-memory-utilization", f"{util:g}", f"profile {profile.name}: the share of each GPU vLLM takes")
+    else:
+        f.kept("--gpu-memory-utilization", "the memory plan uses it")
+    seqs_user = _int_value(f.user_value("--max-num-seqs"))
+    len_user = _int_value(f.user_value("--max-model-len"))
+    memory = None
+    if shape is not None and setup.gpu_memory_mib is not None:
+        caps = [c for c in (launch.get("max_model_len_cap"), shape.max_position_embeddings) if c]
+        memory = plan_memory(shape, MemoryInputs(
+            gpu_memory_mib=setup.gpu_memory_mib, tensor_parallel=tp, gpu_memory_utilization=util,
+            weights_bytes=model.size_bytes if model else None, headroom_mib=launch.get("headroom_mib", 2048),
+            kv_cache_bytes=KV_BYTES.get(str(kv_eff), 2), speculative_tokens=draft,
+            mtp_layers=shape.mtp_layers if draft else 0,
+            max_num_seqs=seqs_user or launch.get("max_num_seqs", 1), seqs_given=seqs_user is not None,
+            max_model_len=len_user, max_model_len_cap=min(caps) if caps else None))
+        f.lines += memory.lines
+        f.warnings += memory.warnings
+        for flag in ("--max-model-len", "--max-num-seqs"):
+            if f.given(flag):
+                f.kept(flag, "the memory plan uses it")
+        if memory.fits:
+            if len_user is None:
+                f.fill("--max-model-len", str(memory.max_model_len),
+                       "the longest context that fits max-num-seqs sequences at once (memory lines)")
+            if seqs_user is None:
+                f.fill("--max-num-seqs", str(memory.max_num_seqs), "sequences that fit at that context (memory lines)")
+    seqs_eff = seqs_user or (memory.max_num_seqs if memory and memory.max_num_seqs else launch.get("max_num_seqs", 1))
+
+    batched = launch.get("max_num_batched_tokens")
+    if batched:
+        f.fill("--max-num-batched-tokens", str(batched), f"profile {profile.name}: the prefill chunk")
+
+    # Prefix caching, and the mamba cache mode it needs on hybrid models.
+    prefix_user = f.user_value("--enable-prefix-caching")
+    if launch.get("prefix_caching"):
+        f.fill("--enable-prefix-caching", None, "reuse the cache of shared prompt prefixes (chat history, tools)")
+    prefix_on = prefix_user is True or isinstance(prefix_user, str) or (
+        prefix_user is None and bool(launch.get("prefix_caching")))
+    if shape is not None and shape.is_hybrid and prefix_on and mamba_align_effective(version):
+        f.fill("--mamba-cache-mode", "align", f"prefix caching on a hybrid GDN model needs align mode in vLLM {version}")
+
+    # CUDA graphs: PIECEWISE with MTP on hybrid models.
+    if draft and shape is not None and shape.is_hybrid:
+        mode = launch.get("cudagraph_mode", "PIECEWISE")
+        sizes = capture_sizes(seqs_eff, draft)
+        if f.given(COMPILATION):
+            raw = json.dumps(f.user.flags.get(COMPILATION, "")) + " ".join(
+                f"{k} {v}" for k, v in f.user.flags.items() if k.startswith(COMPILATION + "."))
+            if "FULL" in raw.upper():
+                f.warnings.append("your compilation config asks FULL CUDA graphs with MTP on a hybrid GDN model: "
+                                  "that corrupts output; use cudagraph_mode PIECEWISE")
+        f.fill(COMPILATION, {"cudagraph_mode": mode, "cudagraph_capture_sizes": sizes},
+               f"FULL CUDA graphs with MTP corrupt output on hybrid GDN models: {mode}, graphs for "
+               f"{seqs_eff} sequence(s) x (1 + {draft}) tokens")
+
+    if tp > 1 and not launch.get("custom_all_reduce", False):
+        f.fill("--disable-custom-all-reduce", None, f"TP {tp} over PCIe: vLLM's custom all-reduce cost 2-3 % "
+               "decode on 2 x 2080 Ti")
+    for flag, value in launch.get("extra_args", {}).items():
+        f.fill(flag, None if value is None else str(value), f"profile {profile.name}")
+    return LaunchFill(profile.name, tuple(f.args), tuple(f.lines), tuple(f.warnings), memory, setup)

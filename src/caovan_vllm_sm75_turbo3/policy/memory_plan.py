@@ -1,0 +1,171 @@
+"""The memory arithmetic behind a launch: which max-model-len and max-num-seqs fit one GPU.
+
+Per GPU, vLLM may use `total x gpu-memory-utilization`. From that go the weights (checkpoint
+size / tensor parallel size) and a headroom for activations, CUDA graphs and the sampler; the
+rest holds the KV cache of the full-attention layers (per token) and the Gated DeltaNet state
+of the linear-attention layers (per sequence, independent of its length). We size
+`max-num-seqs` sequences of `max-model-len` tokens to fit at once: stricter than vLLM's own
+start check (one sequence of max-model-len), so a full batch of long requests never preempts.
+vLLM's profile run at start measures the real numbers; this plan explains the choice.
+Pure arithmetic, no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..runtime.model import ModelShape
+
+MIB = 2**20
+CONTEXT_STEP = 1024      # a filled max-model-len is a multiple of this (or the cap itself)
+MIN_USEFUL_CONTEXT = 8192  # below this, fewer concurrent sequences are the better trade
+
+
+@dataclass(frozen=True)
+class MemoryInputs:
+    """What the arithmetic needs besides the model's shape. Values the user gave are fixed."""
+
+    gpu_memory_mib: int             # the smallest GPU the model is split over
+    tensor_parallel: int
+    gpu_memory_utilization: float
+    weights_bytes: int | None       # the whole checkpoint (on disk, or the index's total_size)
+    headroom_mib: int
+    kv_cache_bytes: int             # per element: 1 for fp8, 2 for fp16
+    state_conv_bytes: int = 2       # the GDN convolution state is kept in the model dtype (fp16)
+    speculative_tokens: int = 0     # MTP draft tokens (0: no speculative decoding)
+    mtp_layers: int = 0             # MTP layers that hold a KV cache while drafting
+    max_num_seqs: int = 1           # the target (or the user's value when `seqs_given`)
+    seqs_given: bool = False
+    max_model_len: int | None = None  # the user's value, kept as given
+    max_model_len_cap: int | None = None  # upper bound for a filled value (model limit, profile cap)
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """The result: values that fit (None where nothing can be said) and the arithmetic as lines."""
+
+    fits: bool | None
+    max_model_len: int | None
+    max_num_seqs: int | None
+    kv_bytes_per_token: int
+    state_bytes_per_seq: int
+    free_mib: float | None
+    lines: tuple[str, ...]
+    warnings: tuple[str, ...] = ()
+
+
+def kv_heads_per_gpu(shape: ModelShape, tp: int) -> int:
+    """KV heads one GPU holds: split over TP, replicated when there are fewer heads than GPUs."""
+    return max(1, (shape.num_kv_heads or 0) // tp)
+
+
+def kv_bytes_per_token(shape: ModelShape, tp: int, elem_bytes: int, mtp_layers: int = 0) -> int:
+    """KV cache bytes per token on one GPU: full-attention layers (plus MTP layers while
+    drafting) x K and V x KV heads per GPU x head dim x element size. Linear-attention layers
+    hold no per-token cache."""
+    layers = shape.full_attention_layers + mtp_layers
+    return layers * 2 * kv_heads_per_gpu(shape, tp) * (shape.head_dim or 0) * elem_bytes
+
+
+def gdn_state_bytes_per_seq(shape: ModelShape, tp: int, conv_bytes: int = 2, slots: int = 1) -> int:
+    """Gated DeltaNet state per sequence on one GPU, for `slots` copies (speculative decoding
+    keeps one per draft position): per linear-attention layer, the recurrent state
+    (value heads / TP x key dim x value dim, in mamba_ssm_dtype, fp32 by default) and the
+    short-convolution state (conv channels / TP x (kernel - 1), in the model dtype)."""
+    if not shape.is_hybrid:
+        return 0
+    v_heads = (shape.linear_num_value_heads or 0) // tp
+    recurrent = v_heads * (shape.linear_key_head_dim or 0) * (shape.linear_value_head_dim or 0) * shape.ssm_state_bytes
+    conv = ((shape.linear_conv_dim or 0) // tp) * max(0, (shape.linear_conv_kernel_dim or 1) - 1) * conv_bytes
+    return shape.linear_attention_layers * (recurrent + conv) * slots
+
+
+def _mib(n: float) -> str:
+    return f"{n / MIB:,.0f} MiB"
+
+
+def _round_context(tokens: int) -> int:
+    return tokens - tokens % CONTEXT_STEP if tokens >= CONTEXT_STEP else tokens - tokens % 16
+
+
+def plan_memory(shape: ModelShape, m: MemoryInputs) -> MemoryPlan:
+    """Choose max-model-len and max-num-seqs that fit (the user's values are kept and checked)."""
+    tp = m.tensor_parallel
+    slots = 1 + m.speculative_tokens
+    kv = kv_bytes_per_token(shape, tp, m.kv_cache_bytes, m.mtp_layers if m.speculative_tokens else 0)
+    state = gdn_state_bytes_per_seq(shape, tp, m.state_conv_bytes, slots)
+    lines: list[str] = []
+    warnings: list[str] = []
+    budget = m.gpu_memory_mib * MIB * m.gpu_memory_utilization
+    lines.append(f"memory: per GPU {m.gpu_memory_mib:,} MiB x gpu-memory-utilization "
+                 f"{m.gpu_memory_utilization:g} = {_mib(budget)} for vLLM")
+    if m.weights_bytes is None:
+        warnings.append("checkpoint size unknown (not a local model directory): max-model-len and "
+                        "max-num-seqs are left to vLLM")
+        return MemoryPlan(None, m.max_model_len, None, kv, state, None, tuple(lines), tuple(warnings))
+    weights = m.weights_bytes / tp
+    lines.append(f"memory: weights {m.weights_bytes:,} B / TP {tp} = {_mib(weights)} per GPU")
+    lines.append(f"memory: headroom {m.headroom_mib:,} MiB per GPU (activations, CUDA graphs, sampler)")
+    free = budget - weights - m.headroom_mib * MIB
+    lines.append(f"memory: free for KV cache and state = {_mib(budget)} - {_mib(weights)} - "
+                 f"{m.headroom_mib:,} MiB = {_mib(free)} per GPU")
+    mtp_kv = m.mtp_layers if m.speculative_tokens else 0
+    layers_txt = f"{shape.full_attention_layers} full-attention layers" + (
+        f" + {mtp_kv} MTP layer{'s' if mtp_kv > 1 else ''}" if mtp_kv else "")
+    lines.append(f"memory: KV per token per GPU = {layers_txt} x 2 (K, V) x "
+                 f"{kv_heads_per_gpu(shape, tp)} KV heads x {shape.head_dim} head dim x "
+                 f"{m.kv_cache_bytes} B = {kv:,} B")
+    if state:
+        v_heads = (shape.linear_num_value_heads or 0) // tp
+        conv_ch = (shape.linear_conv_dim or 0) // tp
+        lines.append(
+            f"memory: GDN state per sequence per GPU = {shape.linear_attention_layers} linear-attention layers x "
+            f"({v_heads} value heads x {shape.linear_key_head_dim} x {shape.linear_value_head_dim} x "
+            f"{shape.ssm_state_bytes} B + conv {conv_ch} x {max(0, (shape.linear_conv_kernel_dim or 1) - 1)} x "
+            f"{m.state_conv_bytes} B) x {slots} slot{'s' if slots > 1 else ''}"
+            + (f" (1 + {m.speculative_tokens} speculative)" if m.speculative_tokens else "")
+            + f" = {_mib(state)}")
+    if free <= 0:
+        warnings.append(f"the weights ({_mib(weights)} per GPU) and the headroom do not fit "
+                        f"{_mib(budget)}: use a smaller (quantised) checkpoint or more GPUs (tensor parallel)")
+        return MemoryPlan(False, m.max_model_len, None, kv, state, free / MIB, tuple(lines), tuple(warnings))
+
+    def need(tokens: int, seqs: int) -> float:
+        return seqs * (tokens * kv + state)
+
+    if m.max_model_len is not None:
+        length = m.max_model_len
+        one = need(length, 1)
+        if one > free:
+            warnings.append(f"--max-model-len {length} needs {_mib(one)} per GPU for one sequence, "
+                            f"{_mib(free)} are free: vLLM will refuse to start; lower it or raise "
+                            "gpu-memory-utilization")
+            return MemoryPlan(False, length, m.max_num_seqs if m.seqs_given else None, kv, state,
+                              free / MIB, tuple(lines), tuple(warnings))
+        fit_seqs = int(free // one)
+        seqs = m.max_num_seqs if m.seqs_given else max(1, min(m.max_num_seqs, fit_seqs))
+    else:
+        seqs = max(1, m.max_num_seqs)
+        cap = m.max_model_len_cap
+
+        def longest(s: int) -> int:
+            per_seq = free / s - state
+            return _round_context(int(per_seq // kv)) if kv and per_seq > 0 else 0
+
+        length = longest(seqs)
+        while not m.seqs_given and seqs > 1 and length < min(MIN_USEFUL_CONTEXT, cap or MIN_USEFUL_CONTEXT):
+            seqs -= 1  # rather fewer sequences than a context too short to use
+            length = longest(seqs)
+        if length <= 0:
+            warnings.append(f"{seqs} sequence state(s) alone ({_mib(seqs * state)}) do not fit {_mib(free)}: "
+                            "lower max-num-seqs or use more GPUs")
+            return MemoryPlan(False, None, seqs, kv, state, free / MIB, tuple(lines), tuple(warnings))
+        if cap is not None and length >= cap:
+            length = cap
+    total = need(length, seqs)
+    verdict = "fits" if total <= free else "does not fit at once (vLLM queues or preempts the rest)"
+    lines.append(f"memory: {seqs} sequence{'s' if seqs > 1 else ''} x ({length:,} tokens x {kv:,} B"
+                 + (f" + {_mib(state)}" if state else "") + f") = {_mib(total)} of {_mib(free)}: {verdict}")
+    if m.max_model_len is None and m.max_model_len_cap is not None and length == m.max_model_len_cap:
+        lines.append(f"memory: max-model-len {length:,} is the upper bound (the model's or the profile's limit)")
+    return MemoryPlan(total <= free, length, seqs, kv, state, free / MIB, tuple(lines), tuple(warnings))
