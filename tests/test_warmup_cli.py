@@ -59,6 +59,8 @@ def test_ready_runs_the_whole_ladder_one_step_at_a_time(fake, capsys):
         if start_b < end_a:
             assert step_a == step_b and step_a in ("concurrency-2", "concurrency-3", "mixed"), (rid_a, rid_b)
     assert srv.max_in_flight == 3
+    ids = [rid for path, rid, _ in srv.requests if path != "/tokenize"]
+    assert len(ids) == len(set(ids))  # vLLM takes X-Request-Id as the engine's request id: never reuse one
 
     # Prefill prompts had exactly the token counts of their names (fitted through /tokenize).
     for path, rid, body in srv.requests:
