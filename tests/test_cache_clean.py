@@ -18,7 +18,8 @@ from cache_trees import (Env, cenv, fill, restore_modes, run, run_json,  # noqa:
                          run_unprivileged, tree_hash)
 
 from caovan_vllm_sm75_turbo3.caches import clean as clean_mod
-from caovan_vllm_sm75_turbo3.caches.clean import Target, execute, plan_clean, refusal, vllm_processes
+from caovan_vllm_sm75_turbo3.caches.clean import Outcome, Target, _Remover, execute, plan_clean, refusal, \
+    vllm_processes
 from caovan_vllm_sm75_turbo3.caches.inventory import CacheEntry, TreeStats, inventory
 from caovan_vllm_sm75_turbo3.caches.layout import hold_in_use
 
@@ -444,3 +445,19 @@ def test_a_directory_swapped_for_a_symlink_mid_clean_is_not_followed(cenv, capsy
     assert code == 1
     assert [r["reason"] for r in report["outcome"]["not_removed"]] == ["became a symlink or a file meanwhile; not followed"]
     assert tree_hash(cenv.outside) == before
+
+
+def test_another_file_system_inside_a_cache_is_not_crossed(cenv):
+    """A mount point shows up as a directory whose st_dev differs from the root's; simulated here by
+    telling the remover the root lives on another device (mounting needs privileges tests lack)."""
+    top = cenv.base / "cache"
+    (top / "mnt").mkdir(parents=True)
+    (top / "mnt" / "data").write_text("on another disk")
+    out = Outcome()
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        gone = _Remover(os.fstat(fd).st_dev + 1, set(), out).remove(fd, "mnt", str(top / "mnt"))
+    finally:
+        os.close(fd)
+    assert not gone and out.kept == [(str(top / "mnt"), "another file system is mounted here; not crossed")]
+    assert (top / "mnt" / "data").read_text() == "on another disk"

@@ -41,6 +41,8 @@ def test_list_reports_current_and_stale_keys_with_their_sizes(cenv, capsys, monk
     assert s["size_bytes"] == old_bytes + manifest(old) and s["files"] == 4
     assert s["last_used"] == t_old.isoformat()
     assert _by(report, "unknown", "myenv")["status"] == "unknown"
+    assert (c["cleaned_by"], s["cleaned_by"], _by(report, "unknown", "myenv")["cleaned_by"]) == \
+        ("clean --all", "clean", "never")
     assert report["entries"][0]["name"] == cur.key.name  # current first
     assert report["total_bytes"] == sum(e["size_bytes"] for e in report["entries"])
 
@@ -59,6 +61,12 @@ def test_list_names_the_shared_defaults_where_the_tools_put_them(cenv, capsys, m
     assert not shared["vllm"]["exists"]
     assert not any(e["current"] for e in shared.values())  # isolation on: this environment uses its key
 
+    assert shared["vllm"]["cleaned_by"] == "clean --all"
+    monkeypatch.setenv("TRITON_HOME", str(cenv.base / "th"))
+    assert _by(run_json(["list"], capsys, monkeypatch)[1], "shared", "triton")["path"] == \
+        str(cenv.base / "th" / ".triton" / "cache")
+    monkeypatch.delenv("TRITON_HOME")
+
     xdg = cenv.base / "xdg"
     monkeypatch.setenv("XDG_CACHE_HOME", str(xdg))
     code, report = run_json(["list"], capsys, monkeypatch)
@@ -74,7 +82,7 @@ def test_user_set_cache_dirs_are_listed_as_current_and_never_cleanable(cenv, cap
     code, report = run_json(["list"], capsys, monkeypatch)
     user = _by(report, "user-set", "vllm")
     assert user["path"] == str(mine) and user["current"] and user["variable"] == "VLLM_CACHE_ROOT"
-    assert "never cleaned" in user["note"]
+    assert "never cleaned" in user["note"] and user["cleaned_by"] == "never"
     assert _by(report, "user-set", "flashinfer")["path"] == str(cenv.base / "fi" / ".cache" / "flashinfer")
     assert _by(report, "shared", "vllm")["path"] == str(cenv.home / ".cache" / "vllm")  # still listed
 

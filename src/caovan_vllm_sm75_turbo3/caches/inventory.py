@@ -60,7 +60,9 @@ class SharedDefault:
 
 SHARED_DEFAULTS: tuple[SharedDefault, ...] = (
     SharedDefault("vllm", "VLLM_CACHE_ROOT", lambda env: xdg_cache_dir(env) / "vllm"),
-    SharedDefault("triton", "TRITON_CACHE_DIR", lambda env: home_dir(env) / ".triton" / "cache"),
+    # Triton: $TRITON_HOME (default $HOME)/.triton/cache
+    SharedDefault("triton", "TRITON_CACHE_DIR",
+                  lambda env: Path(env.get("TRITON_HOME") or home_dir(env)) / ".triton" / "cache"),
     SharedDefault("flashinfer", "FLASHINFER_WORKSPACE_BASE", lambda env: home_dir(env) / ".cache" / "flashinfer",
                   below_variable=".cache/flashinfer"),
     SharedDefault("torch_extensions", "TORCH_EXTENSIONS_DIR", lambda env: xdg_cache_dir(env) / "torch_extensions"),
@@ -134,10 +136,17 @@ class CacheEntry:
             return "current" if self.current else "stale"
         return self.kind
 
+    @property
+    def cleaned_by(self) -> str:
+        """Which command removes it: "clean", "clean --all" or "never"."""
+        if self.kind == KEY:
+            return "clean --all" if self.current else "clean"
+        return "clean --all" if self.kind == SHARED else "never"
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "kind": self.kind, "name": self.name, "path": str(self.path), "exists": self.exists,
-            "status": self.status, "current": self.current, "is_link": self.is_link,
+            "status": self.status, "cleaned_by": self.cleaned_by, "current": self.current, "is_link": self.is_link,
             "resolved": str(self.resolved) if self.resolved else None,
             "size_bytes": self.stats.size_bytes, "files": self.stats.files,
             "last_used": self.last_used.isoformat(timespec="seconds") if self.last_used else None,
