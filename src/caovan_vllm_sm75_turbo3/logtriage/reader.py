@@ -103,9 +103,18 @@ def _pieces(stream: BinaryIO) -> Iterator[tuple[int, bytes]]:
 
 
 def read_lines(stream: BinaryIO) -> Iterator[LogLine]:
-    """Every non-empty line of `stream`, cleaned; bytes that are not UTF-8 become U+FFFD."""
+    """Every non-empty line of `stream`, cleaned; bytes that are not UTF-8 become U+FFFD.
+
+    Pieces of one line split by `\r` keep the process named by the line's prefix."""
+    line_no, process = 0, None
     for number, piece in _pieces(stream):
-        yield clean(piece.decode("utf-8", "replace"), number)
+        ln = clean(piece.decode("utf-8", "replace"), number)
+        if number != line_no:
+            line_no, process = number, ln.process
+        elif ln.process is None and process is not None:
+            ln = LogLine(ln.number, ln.text, process, ln.level, ln.source)
+        if ln.text:
+            yield ln
 
 
 def looks_binary(head: bytes) -> bool:

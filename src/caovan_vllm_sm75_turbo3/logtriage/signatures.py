@@ -176,7 +176,7 @@ SIGNATURES: tuple[Signature, ...] = (
         title="bfloat16 requested on a GPU without bfloat16",
         needles=("Bfloat16 is only supported on GPUs with compute capability of at least 8.0",
                  "does not support bfloat16"),
-        extract=re.compile(r"Your (?P<gpu>.+?) GPU has compute capability (?P<capability>[\d.]+)"),
+        extract=re.compile(r"Your (?P<gpu>.+?) GPU has compute capability (?P<capability>\d+\.\d+)"),
         rule=Rule.FATAL, role=Role.CAUSE,
         cause=("The model's config asks for bfloat16, and Turing (SM75) has no bfloat16: vLLM refuses "
                "to start."),
@@ -270,7 +270,7 @@ SIGNATURES: tuple[Signature, ...] = (
         id="worker-died",
         title="a tensor-parallel worker process died",
         needles=("died unexpectedly",),
-        confirm=re.compile(r"(?:Worker proc|RayWorkerProc rank=)(?P<worker>\S+) died unexpectedly"),
+        confirm=re.compile(r"(?:Worker proc |RayWorkerProc rank=)(?P<worker>\S+) died unexpectedly"),
         rule=Rule.FATAL, role=Role.CONSEQUENCE,
         cause=("A worker exited without reporting an error: killed (host out of memory), crashed in a "
                "CUDA kernel, or stopped by a signal."),

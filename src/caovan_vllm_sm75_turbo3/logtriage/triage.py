@@ -27,6 +27,9 @@ KERNEL_LAUNCH = re.compile(r"(?P<kernel>\w+)\[[^\]]*\]\(")
 FRAME = re.compile(r'File "(?P<path>[^"]+)", line \d+, in (?P<func>\w+)')
 EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(?::|$)")
 NOT_FAILURES = ("KeyboardInterrupt", "SystemExit", "CancelledError")
+# Every needle with its signature's position: one pass of `in` over these picks the candidates,
+# which is what keeps a 20 MB log at seconds.
+_NEEDLES: tuple[tuple[str, int], ...] = tuple((n, i) for i, sig in enumerate(SIGNATURES) for n in sig.needles)
 
 # Start-up phases, from vLLM 0.21's progress messages (later matches win).
 PHASE_MARKERS: tuple[tuple[str, str], ...] = (
@@ -193,6 +196,7 @@ class _Reader:
         self.recent: deque[str] = deque(maxlen=CONTEXT_LINES)
         self.findings: dict[str, Finding] = {}
         self.pending: list[_Hit] = []
+        self.frame_hits: dict[str | None, _Hit] = {}   # process -> a match in its open traceback's frames
         self.first_unknown: tuple[LogLine, str] | None = None
         # Shared-memory waits are judged per episode: from the first wait to what ends it.
         self.wait_open = False
@@ -210,8 +214,16 @@ class _Reader:
                 self.vllm_version = m.group("version")
         kind, tb_phase = self._track_traceback(ln)
         matched = self._match(ln, kind, tb_phase)
-        if kind == "exception" and not matched:
-            self._note_unknown_exception(ln, tb_phase)
+        if kind == "exception":
+            frame_hit = self.frame_hits.pop(ln.process, None)
+            if frame_hit is not None and not matched:
+                # A known name in a frame (flashqla_legacy/...) explains the exception it leads to:
+                # report it at the exception line, which is what a person looks for.
+                frame_hit.details.setdefault("frame", frame_hit.line.text.strip()[:MAX_TEXT])
+                frame_hit.line = ln
+                self._record(frame_hit.sig, frame_hit)
+            elif not matched:
+                self._note_unknown_exception(ln, tb_phase)
         self._track_http(ln)
         if "Application startup complete" in text:
             self.ready_line = self.ready_line or ln.number
@@ -277,7 +289,8 @@ class _Reader:
 
     # -- signatures -----------------------------------------------------------------------------
     def _match(self, ln: LogLine, kind: str, tb_phase: str | None) -> bool:
-        for sig in SIGNATURES:
+        candidates = {i for n, i in _NEEDLES if n in ln.text}
+        for sig in (SIGNATURES[i] for i in sorted(candidates)):
             details = sig.matches(ln.text)
             if details is None or (sig.error_context and not kind):
                 continue
@@ -289,7 +302,10 @@ class _Reader:
                 self.wait_open = True
             elif sig.rule is Rule.FATAL:
                 self._close_wait("fatal", ln)
-            if sig.context and not any(c in r for r in self.recent for c in sig.context):
+            if kind == "traceback":
+                if ln.process not in self.frame_hits and len(self.frame_hits) < MAX_PROCESSES:
+                    self.frame_hits[ln.process] = hit
+            elif sig.context and not any(c in r for r in self.recent for c in sig.context):
                 self._defer(hit)
             else:
                 self._record(sig, hit)
@@ -346,6 +362,8 @@ class _Reader:
 
     # -- the end --------------------------------------------------------------------------------
     def finish(self, source: str) -> Triage:
+        for hit in self.frame_hits.values():   # tracebacks the log cut off before their exception line
+            self._record(hit.sig, hit)
         for p in list(self.pending):
             self.pending.remove(p)
             self._record(BY_ID[p.sig.otherwise or p.sig.id], p)
