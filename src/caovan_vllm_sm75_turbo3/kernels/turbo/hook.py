@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .allowlist import Allowlist, source_digest, triton_version_matches
-from .pipeline import TURBO_TAG, apply_turbo
+from .pipeline import TURBO_TAG, TurboBuild, apply_turbo
 
 logger = logging.getLogger("caovan_vllm_sm75_turbo3.turbo")
 
@@ -71,7 +71,8 @@ class AllowlistSelector:
 
 @dataclass
 class TurboHook:
-    """The object set as Triton's stages hook; logs each kernel's fallback reason once."""
+    """The object set as Triton's stages hook; logs each kernel's first turbo build and its
+    fallback reason once (`built`, `fell_back`: kernel name -> what happened)."""
 
     selector: Selector
     previous: Any = None                       # a hook that was installed before ours, chained
@@ -85,14 +86,20 @@ class TurboHook:
         backend, stages, options, language, capability = args
         if getattr(backend, _MARK, None):
             name = getattr(backend, _MARK)
-            self.built.add(name)
             apply_turbo(backend, stages, options,
-                        on_fallback=None if self.raise_on_fallback else lambda why: self._fallback(name, why))
+                        on_fallback=None if self.raise_on_fallback else lambda why: self._fallback(name, why),
+                        on_built=lambda build: self._built(name, build))
         if self.previous is not None:
             self.previous(*args)
 
+    def _built(self, name: str, build: TurboBuild) -> None:
+        if name not in self.built:
+            self.built.add(name)
+            logger.info("Caovan turbo: %s built for sm_75 tensor cores (%d mma.sync, %s registers, "
+                        "%d bytes shared)", name, build.metadata.get("caovan_turbo_mma", 0),
+                        build.ptxas.registers, build.metadata.get("shared") or 0)
+
     def _fallback(self, name: str, reason: str) -> None:
-        self.built.discard(name)
         if name not in self.fell_back:
             self.fell_back[name] = reason
             logger.warning("Caovan turbo: %s builds plain (no tensor cores): %s", name, reason)

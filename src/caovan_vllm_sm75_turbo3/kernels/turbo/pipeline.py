@@ -109,10 +109,12 @@ def build_turbo(backend: Any, ttir: Any, metadata: dict[str, Any], options: Any)
 
 
 def apply_turbo(backend: Any, stages: dict[str, Callable], options: Any,
-                on_fallback: Callable[[str], None] | None = None) -> None:
+                on_fallback: Callable[[str], None] | None = None,
+                on_built: Callable[[TurboBuild], None] | None = None) -> None:
     """Make `stages` build the turbo variant, or the plain one when the turbo build fails.
 
-    With `on_fallback=None` a failure raises `TurboBuildError` instead (offline checks).
+    With `on_fallback=None` a failure raises `TurboBuildError` instead (offline checks);
+    `on_built` hears of each successful turbo build.
     """
     plain = dict(stages)
     built: list[TurboBuild] = []   # this compile's result; one compile per stages dict
@@ -127,6 +129,8 @@ def apply_turbo(backend: Any, stages: dict[str, Callable], options: Any,
             return plain["ttgir"](src, metadata)
         built.append(build)
         metadata.update(build.metadata)
+        if on_built is not None:
+            on_built(build)
         return build.ttgir
 
     def later(stage: str, pick: Callable[[TurboBuild], Any]) -> Callable:

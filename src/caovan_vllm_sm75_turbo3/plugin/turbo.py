@@ -1,0 +1,43 @@
+"""Install the Turbo hook in this vLLM process when the policy says so. Never raises into vLLM.
+
+Every process that compiles Triton kernels (engine core, each TP worker) needs its own hook,
+so this runs in each one; the hook only touches allowlisted kernels built for sm_75.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+logger = logging.getLogger("caovan_vllm_sm75_turbo3")
+
+
+def install_turbo() -> str:
+    """Install or skip the hook; returns the `turbo=` status value (see policy.turbo)."""
+    try:
+        from ..config import load_settings
+        from ..policy.turbo import decide_turbo
+        from ..runtime.facts import Facts
+        from ..runtime.probe import dist_version, probe_gpus
+
+        settings = load_settings(os.environ)
+        # The GPUs this process will compile for, from NVML; never a facts file (those plan for
+        # hardware elsewhere). The hook itself also acts only on sm_75 compile targets.
+        gpus, _, _ = probe_gpus(os.environ, [])
+        facts = Facts(gpus=gpus)
+        decision = decide_turbo(facts, settings, dist_version("triton"))
+        if decision.install:
+            import triton
+
+            from ..kernels.turbo.allowlist import load_allowlist
+            from ..kernels.turbo.hook import AllowlistSelector, install
+
+            install(AllowlistSelector(load_allowlist(), triton.__version__, strict=decision.strict))
+        # Quiet when all is as expected: each kernel's first turbo build (or fallback) is logged
+        # by the hook. Say it only when the user asked for turbo and it is not what they get.
+        if settings.turbo == "on" and (not decision.install or not decision.strict and "unverified" in decision.line):
+            logger.warning("Caovan SM75 Turbo3: turbo=%s (%s)", decision.line, decision.reason)
+        return decision.line
+    except Exception as err:  # the plugin must not take vLLM down: Triton then builds plain
+        logger.warning("Caovan SM75 Turbo3: turbo=off-error (hook not installed: %s)", err)
+        return "off-error"

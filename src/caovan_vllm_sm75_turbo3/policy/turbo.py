@@ -1,0 +1,74 @@
+"""Whether to install the Turbo hook (sm_75 tensor cores for allowlisted Triton kernels). Pure.
+
+Also the rule that judges one offline check row (`caovan-sm75-kernels check`), so the check
+command, its tests and CI apply the same numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import Settings
+from ..runtime.facts import Facts
+
+# Triton releases whose stages-hook protocol and cache key we read and tested the hook against
+# (triton/backends/nvidia/compiler.py add_stages, triton/compiler/compiler.py get_cache_key).
+HOOK_TRITON_VERSIONS = ("3.6",)
+SM75_SHARED_LIMIT = 65536
+FMA_LEFT_MAX = 0.05   # a turbo build may keep at most this share of the plain build's fp32 FMAs
+
+
+@dataclass(frozen=True)
+class TurboDecision:
+    """Install the hook or not; `strict` checks versions and source digests per kernel."""
+
+    install: bool
+    strict: bool
+    line: str      # the `turbo=` status value
+    reason: str
+
+
+def _minor(version: str) -> str:
+    return ".".join(version.split("+", 1)[0].split(".")[:2])
+
+
+def decide_turbo(facts: Facts, settings: Settings, triton_version: str | None) -> TurboDecision:
+    """Decide from the facts (SM75 GPUs), `settings.turbo` (auto|on|off) and Triton's version."""
+    src = settings.source("turbo")
+    if settings.turbo == "off":
+        return TurboDecision(False, True, "off-by-user", f"CAOVAN_TURBO=off ({src})")
+    if not settings.active or settings.mode == "guards":
+        return TurboDecision(False, True, "off", f"mode={settings.mode} keeps vLLM's own kernels")
+    if facts.sm75_count == 0:
+        return TurboDecision(False, True, "off-not-sm75", f"no SM75 GPU (sm75=0/{len(facts.gpus)})")
+    if not triton_version:
+        return TurboDecision(False, True, "off-no-triton", "Triton is not installed")
+    verified = _minor(triton_version) in HOOK_TRITON_VERSIONS
+    if settings.turbo == "on":
+        if verified:
+            return TurboDecision(True, False, "on", f"CAOVAN_TURBO=on ({src}): every allowlisted kernel "
+                                 "in a listed config, any source digest")
+        return TurboDecision(True, False, f"on-unverified-triton-{triton_version}",
+                             f"CAOVAN_TURBO=on ({src}) with Triton {triton_version}, which the hook was not "
+                             f"verified with ({', '.join(HOOK_TRITON_VERSIONS)}); ptxas still guards each build")
+    if not verified:
+        return TurboDecision(False, True, f"off-unverified-triton-{triton_version}",
+                             f"Triton {triton_version} is not among the verified "
+                             f"{', '.join(HOOK_TRITON_VERSIONS)} (CAOVAN_TURBO=on forces it)")
+    return TurboDecision(True, True, "auto", f"Triton {triton_version} verified; allowlisted kernels "
+                         "with matching source and config get tensor cores")
+
+
+def judge_turbo_build(shared_bytes: int, spill_bytes: int | None, mma: int, fma: int,
+                      plain_fma: int | None) -> list[str]:
+    """What is wrong with one turbo build (empty: it passes)."""
+    problems = []
+    if shared_bytes > SM75_SHARED_LIMIT:
+        problems.append(f"shared memory {shared_bytes} > {SM75_SHARED_LIMIT}")
+    if spill_bytes is None or spill_bytes > 0:
+        problems.append(f"spills {spill_bytes} bytes")
+    if mma == 0:
+        problems.append("no mma.sync")
+    if plain_fma is not None and fma > FMA_LEFT_MAX * plain_fma:
+        problems.append(f"{fma} fp32 FMA left (plain build: {plain_fma})")
+    return problems
