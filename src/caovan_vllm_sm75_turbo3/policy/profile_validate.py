@@ -113,6 +113,8 @@ def validate_table(table: ProfileTable, flag_table: Mapping[str, Any],
     per family (each is also checked without its MTP weights)."""
     problems = [Problem(f"{a} / {b}", None, "both match one setup (contradictory profiles: narrow a "
                         "vLLM range, host memory range or GPU class)") for a, b in overlapping(table)]
+    if problems:
+        return problems  # which profile a setup gets is undefined until they are separated
     releases = flag_table["releases"]
     for profile in table.profiles:
         assert profile.match is not None

@@ -1,0 +1,175 @@
+"""Filling vLLM arguments from launch profiles: the field launch, release rules, user values kept,
+MTP only with MTP weights, conservative defaults for unknown hardware."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from conftest import EXAMPLES, facts_dict
+
+from caovan_vllm_sm75_turbo3.errors import SettingError
+from caovan_vllm_sm75_turbo3.policy.launch_fill import capture_sizes, conservative_tp, fill_launch
+from caovan_vllm_sm75_turbo3.policy.profiles import load_table
+from caovan_vllm_sm75_turbo3.policy.vllm_args import read_vllm_args
+from caovan_vllm_sm75_turbo3.runtime.facts import Facts
+from caovan_vllm_sm75_turbo3.runtime.model import model_shape, read_model
+
+QWEN = EXAMPLES / "models" / "qwen3.6-27b-awq"
+TABLE = load_table()
+# The field launch line (DESIGN.md / issue 3), the flags a profile can fill.
+FIELD = {"--tensor-parallel-size": "2", "--dtype": "half", "--max-model-len": "262144", "--max-num-seqs": "2",
+         "--max-num-batched-tokens": "8192", "--kv-cache-dtype": "fp8", "--disable-custom-all-reduce": None,
+         "--enable-prefix-caching": None, "--mamba-cache-mode": "align"}
+
+
+def fill(facts: Facts, *user: str, model=None, profile: str = "auto"):
+    model = model or read_model(str(QWEN))
+    return fill_launch(facts, model, profile, read_vllm_args([model.path, *user]), TABLE)
+
+
+def filled(result) -> dict[str, str | None]:
+    return {a.flag: a.value for a in result.args}
+
+
+def facts_for(vllm: str = "0.21.0", **changes) -> Facts:
+    return Facts.from_dict(facts_dict(versions={"vllm": vllm}, **changes))
+
+
+def test_field_launch_on_2x22g_vllm021():
+    r = fill(Facts.load(EXAMPLES / "2x2080ti-22g.json"))
+    got = filled(r)
+    assert r.profile == "2x2080ti-22g-qwen3.5-hybrid-v0.21" and not r.warnings
+    for flag, value in FIELD.items():
+        assert flag in got and got[flag] == value, flag
+    assert json.loads(got["--speculative-config"]) == {"method": "mtp", "num_speculative_tokens": 3}
+    assert json.loads(got["--compilation-config"]) == {"cudagraph_mode": "PIECEWISE", "cudagraph_capture_sizes": [4, 8]}
+    assert got["--attention-backend"] == "FLASHINFER" and got["--gpu-memory-utilization"] == "0.9"
+    assert all(a.reason for a in r.args)
+    assert any(line.startswith("memory: KV per token per GPU") for line in r.lines)
+    assert any("field-report" in line for line in r.lines)
+
+
+@pytest.mark.parametrize("vllm,kv,backend,mamba", [
+    ("0.23.0", "fp8", "FLASHINFER", "align"),
+    ("0.24.0", "auto", "TRITON_ATTN", "align"),
+    ("0.32.0", "auto", "TRITON_ATTN", "align"),
+    ("0.33.0", "auto", "TRITON_ATTN", None),   # deprecated, no effect
+    ("0.34.0", "auto", "TRITON_ATTN", None),
+])
+def test_release_rules(vllm, kv, backend, mamba):
+    got = filled(fill(facts_for(vllm)))
+    assert got["--kv-cache-dtype"] == kv and got["--attention-backend"] == backend
+    assert got.get("--mamba-cache-mode") == mamba
+    # fp16 KV takes twice the bytes: the context that fits is shorter than 0.21's 262144
+    assert (int(got["--max-model-len"]) == 262144) == (kv == "fp8")
+
+
+def test_user_values_are_kept_and_drive_the_arithmetic():
+    r = fill(facts_for(), "--max-model-len", "65536", "--kv-cache-dtype=auto", "-tp", "2",
+             "--compilation-config.cudagraph_mode", "PIECEWISE", "--no-enable-prefix-caching",
+             "--gpu-memory-utilization", "0.85")
+    got = filled(r)
+    for flag in ("--max-model-len", "--kv-cache-dtype", "--tensor-parallel-size", "--compilation-config",
+                 "--enable-prefix-caching", "--gpu-memory-utilization"):
+        assert flag not in got, flag
+        assert any(line.startswith(f"kept: {flag} ") for line in r.lines), flag
+    assert "--mamba-cache-mode" not in got  # prefix caching is off by the user's choice
+    assert any("2 KV heads x 256 head dim x 2 B" in line for line in r.lines)  # the user's fp16 KV
+    assert any("gpu-memory-utilization 0.85 =" in line for line in r.lines)
+    assert got["--max-num-seqs"].isdigit()
+
+
+def test_user_bf16_and_fp8_on_new_release_warn_but_stay():
+    r = fill(facts_for("0.26.0"), "--dtype", "bfloat16", "--kv-cache-dtype", "fp8")
+    assert "--dtype" not in filled(r) and "--kv-cache-dtype" not in filled(r)
+    assert any("bfloat16" in w for w in r.warnings) and any("fp8" in w and "0.26" in w for w in r.warnings)
+
+
+def test_no_mtp_weights_no_speculative_config(tmp_path):
+    model_dir = tmp_path / "no-mtp"
+    shutil.copytree(QWEN, model_dir)
+    index = json.loads((model_dir / "model.safetensors.index.json").read_text())
+    index["weight_map"] = {k: v for k, v in index["weight_map"].items() if not k.startswith("mtp.")}
+    (model_dir / "model.safetensors.index.json").write_text(json.dumps(index))
+    model = read_model(str(model_dir))
+    assert model.mtp_weights == 0 and model_shape(model.config).mtp_layers == 1
+    r = fill(facts_for(), model=model)
+    got = filled(r)
+    assert "--speculative-config" not in got and "--compilation-config" not in got
+    assert any("declares 1 MTP layer" in line and "no MTP weights" in line for line in r.lines)
+    # and the KV cache has no MTP layer to hold
+    assert any("= 16 full-attention layers x 2" in line for line in r.lines)
+
+
+def test_no_index_and_no_weights_means_no_mtp(tmp_path):
+    shutil.copy(QWEN / "config.json", tmp_path / "config.json")
+    model = read_model(str(tmp_path))
+    assert model.mtp_weights is None and not model.has_mtp_weights
+    assert "--speculative-config" not in filled(fill(facts_for(), model=model))
+
+
+def test_mtp_weights_read_from_safetensors_headers(tmp_path):
+    shutil.copy(QWEN / "config.json", tmp_path / "config.json")
+    header = json.dumps({"mtp.fc.weight": {"dtype": "F16", "shape": [1], "data_offsets": [0, 2]},
+                         "lm_head.weight": {"dtype": "F16", "shape": [1], "data_offsets": [2, 4]}}).encode()
+    (tmp_path / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 4)
+    model = read_model(str(tmp_path))
+    assert (model.weight_names, model.mtp_weights) == (2, 1)
+
+
+def test_unknown_hardware_gets_conservative_defaults_and_a_warning():
+    gpu = {"name": "NVIDIA GeForce RTX 2080", "compute_capability": "7.5", "memory_total_mib": 8192}
+    facts = facts_for(gpus=[dict(gpu, index=i) for i in range(3)])
+    r = fill(facts)
+    got = filled(r)
+    assert r.profile == "conservative"
+    assert any("no launch profile" in w and "8192 MiB" in w for w in r.warnings)
+    assert got["--tensor-parallel-size"] == "2"  # largest power of two <= 3 that divides the heads
+    assert got["--dtype"] == "half" and got["--kv-cache-dtype"] == "auto" and got["--gpu-memory-utilization"] == "0.85"
+    assert "--speculative-config" not in got and "--attention-backend" not in got
+    assert "--disable-custom-all-reduce" in got
+
+
+def test_host_memory_and_vllm_range_are_keys():
+    low_ram = fill(facts_for(host={"memory_total_mib": 32768}))
+    assert low_ram.profile == "conservative" and low_ram.warnings
+    assert fill(facts_for("0.22.1")).profile == "2x2080ti-22g-qwen3.5-hybrid-v0.22+"
+    assert fill(facts_for("0.35.0")).profile == "conservative"
+
+
+def test_profile_none_and_names():
+    assert fill(facts_for(), profile="none").args == ()
+    named = fill(Facts.load(EXAMPLES / "4xt4-16g.json"), profile="2x2080ti-22g-qwen3.5-hybrid-v0.21")
+    assert named.profile == "2x2080ti-22g-qwen3.5-hybrid-v0.21"
+    assert any("is for 2 x 22G" in w for w in named.warnings)
+    with pytest.raises(SettingError, match="not a launch profile"):
+        fill(facts_for(), profile="fastest")
+
+
+def test_no_sm75_gpu_fills_nothing():
+    r = fill(facts_for(gpus=[{"index": 0, "name": "RTX 3090", "compute_capability": "8.6",
+                              "memory_total_mib": 24576}]))
+    assert r.args == () and r.profile is None
+
+
+def test_example_t4_and_11g():
+    t4 = fill(Facts.load(EXAMPLES / "4xt4-16g.json"))
+    got = filled(t4)
+    assert t4.profile == "4xt4-16g-qwen3.5-hybrid" and got["--tensor-parallel-size"] == "4"
+    assert json.loads(got["--compilation-config"])["cudagraph_capture_sizes"] == \
+        capture_sizes(int(got["--max-num-seqs"]), 3)
+    small = fill(Facts.load(EXAMPLES / "1x2080ti-11g.json"))
+    assert small.profile == "1x2080ti-11g-qwen3.5-hybrid"
+    assert "--max-model-len" not in filled(small)  # the 27B checkpoint does not fit 11 GiB
+    assert any("do not fit" in w for w in small.warnings)
+
+
+def test_capture_sizes_and_tp_rules():
+    assert capture_sizes(2, 3) == [4, 8] and capture_sizes(3, 1) == [2, 4, 6]
+    shape = model_shape(read_model(str(QWEN)).config)
+    assert conservative_tp(4, shape) == 4 and conservative_tp(3, shape) == 2 and conservative_tp(1, shape) == 1
+    odd = model_shape({"num_hidden_layers": 2, "num_attention_heads": 6, "num_key_value_heads": 3,
+                       "hidden_size": 384})
+    assert conservative_tp(4, odd) == 1  # 6 query / 3 KV heads do not split over 2
