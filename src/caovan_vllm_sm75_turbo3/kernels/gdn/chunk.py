@@ -43,7 +43,7 @@ def _prep_kernel(
     w, u, qd, kd, o,  # outputs: [*, HV, K] fp16, [*, HV, V] fp16, [*, HV, K] fp16 x2, [*, HV, V]
     cu_seqlens, chunk_indices,  # int32/int64 or None
     T, N, scale,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_CHUNK_INDICES: tl.constexpr, USE_L2NORM: tl.constexpr, EPS: tl.constexpr,
 ):
     i_c = tl.program_id(0)
@@ -74,29 +74,54 @@ def _prep_kernel(
         bos = i_n * T
         eos = bos + T
 
+    # Block pointers over this sequence only (shape = its length): rows past its end read 0 and
+    # are not written; they also keep address arithmetic scalar, which saves registers. K and V
+    # are walked in BK-wide column tiles: the right operand of an MMAv2 product is held whole by
+    # every warp, and [64, 128] operands would not fit Turing's 255 registers.
+    seq = eos - bos
+    t0 = i_t * BT
+    b64 = bos.to(tl.int64)
     r = tl.arange(0, BT)
-    ck = tl.arange(0, K)
-    cv = tl.arange(0, V)
-    rows = bos + i_t * BT + r
-    m = rows < eos
-    rows64 = rows.to(tl.int64)
-
-    b_k = tl.load(k + rows64[:, None] * (H * K) + i_hk * K + ck[None, :], mask=m[:, None], other=0.0)
-    b_q = tl.load(q + rows64[:, None] * (H * K) + i_hk * K + ck[None, :], mask=m[:, None], other=0.0)
-    if USE_L2NORM:
-        kf = b_k.to(tl.float32)
-        b_k = (kf / tl.sqrt(tl.sum(kf * kf, 1) + EPS)[:, None]).to(tl.float16)
-        qf = b_q.to(tl.float32)
-        b_q = (qf / tl.sqrt(tl.sum(qf * qf, 1) + EPS)[:, None]).to(tl.float16)
-    b_g = tl.load(g + rows64 * HV + i_h, mask=m, other=0.0)
-    b_beta = tl.load(beta + rows64 * HV + i_h, mask=m, other=0.0)
-    b_gc = tl.cumsum(b_g, 0)  # gamma; masked rows add 0, so the last entry is gamma_last
+    kb = k + b64 * (H * K) + i_hk * K
+    qb = q + b64 * (H * K) + i_hk * K
+    p_g = tl.make_block_ptr(g + b64 * HV + i_h, (seq,), (HV,), (t0,), (BT,), (0,))
+    b_g = tl.load(p_g, boundary_check=(0,))
+    p_beta = tl.make_block_ptr(beta + b64 * HV + i_h, (seq,), (HV,), (t0,), (BT,), (0,))
+    b_beta = tl.load(p_beta, boundary_check=(0,))
+    b_gc = tl.cumsum(b_g, 0)  # gamma; rows past the end add 0, so the last entry is gamma_last
     g_last = tl.sum(b_g, 0)
 
+    # Gram matrices K K^T and Q K^T of the raw inputs; the L2 norm is applied to them afterwards.
+    b_kk = tl.zeros([BT, BT], dtype=tl.float32)
+    b_qk = tl.zeros([BT, BT], dtype=tl.float32)
+    b_kss = tl.zeros([BT], dtype=tl.float32)
+    b_qss = tl.zeros([BT], dtype=tl.float32)
+    for j in tl.static_range(K // BK):
+        p_k = tl.make_block_ptr(kb, (seq, K), (H * K, 1), (t0, j * BK), (BT, BK), (1, 0))
+        p_q = tl.make_block_ptr(qb, (seq, K), (H * K, 1), (t0, j * BK), (BT, BK), (1, 0))
+        b_k = tl.load(p_k, boundary_check=(0,))
+        b_q = tl.load(p_q, boundary_check=(0,))
+        b_kk += tl.dot(b_k, tl.trans(b_k))
+        b_qk += tl.dot(b_q, tl.trans(b_k))
+        if USE_L2NORM:
+            kf = b_k.to(tl.float32)
+            qf = b_q.to(tl.float32)
+            b_kss += tl.sum(kf * kf, 1)
+            b_qss += tl.sum(qf * qf, 1)
+    if USE_L2NORM:
+        b_rk = 1.0 / tl.sqrt(b_kss + EPS)
+        b_rq = 1.0 / tl.sqrt(b_qss + EPS)
+    else:
+        b_rk = tl.full([BT], 1.0, dtype=tl.float32)
+        b_rq = tl.full([BT], 1.0, dtype=tl.float32)
+
     # A^T directly (K K^T is symmetric): At[j, i] = A[i, j] = beta_i kk_ij e^(gamma_i - gamma_j), j < i.
-    b_kk = tl.dot(b_k, tl.trans(b_k))
     upper = r[:, None] < r[None, :]
-    b_at = tl.where(upper, b_kk * b_beta[None, :] * tl.exp(tl.where(upper, b_gc[None, :] - b_gc[:, None], 0.0)), 0.0)
+    b_at = b_kk * (b_rk[:, None] * (b_rk * b_beta)[None, :])
+    b_at = tl.where(upper, b_at * tl.exp(tl.where(upper, b_gc[None, :] - b_gc[:, None], 0.0)), 0.0)
+    lower = r[:, None] >= r[None, :]
+    b_p = b_qk * ((scale * b_rq)[:, None] * b_rk[None, :])
+    b_p16 = tl.where(lower, b_p * tl.exp(tl.where(lower, b_gc[:, None] - b_gc[None, :], 0.0)), 0.0).to(tl.float16)
 
     # T = (I + A)^-1 by forward substitution: row i = e_i - A[i, :] T (rows above i are final).
     b_t = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
@@ -106,25 +131,33 @@ def _prep_kernel(
         b_t = tl.where(r[:, None] == i, row[None, :] + tl.where(r == i, 1.0, 0.0)[None, :], b_t)
     b_t16 = b_t.to(tl.float16)
 
-    tok_k = rows64[:, None] * (HV * K) + i_h * K + ck[None, :]
-    tok_v = rows64[:, None] * (HV * V) + i_h * V + cv[None, :]
     e_g = tl.exp(b_gc)
-    b_w = tl.dot(b_t16, (b_k.to(tl.float32) * (b_beta * e_g)[:, None]).to(tl.float16)).to(tl.float16)
-    tl.store(w + tok_k, b_w, mask=m[:, None])
-    b_v = tl.load(v + rows64[:, None] * (HV * V) + i_h * V + cv[None, :], mask=m[:, None], other=0.0)
-    b_u = tl.dot(b_t16, (b_v.to(tl.float32) * b_beta[:, None]).to(tl.float16)).to(tl.float16)
-    tl.store(u + tok_v, b_u, mask=m[:, None])
-
-    lower = r[:, None] >= r[None, :]
-    b_p = tl.dot(b_q, tl.trans(b_k))
-    b_p = tl.where(lower, b_p * scale * tl.exp(tl.where(lower, b_gc[:, None] - b_gc[None, :], 0.0)), 0.0)
-    b_p16 = b_p.to(tl.float16)
-    b_qd = b_q.to(tl.float32) * (scale * e_g)[:, None] - tl.dot(b_p16, b_w)
-    tl.store(qd + tok_k, b_qd.to(tl.float16), mask=m[:, None])
-    b_oi = tl.dot(b_p16, b_u)
-    tl.store(o + tok_v, b_oi.to(o.dtype.element_ty), mask=m[:, None])
-    b_kd = b_k.to(tl.float32) * tl.exp(g_last - b_gc)[:, None]
-    tl.store(kd + tok_k, b_kd.to(tl.float16), mask=m[:, None])
+    wb = w + b64 * (HV * K) + i_h * K
+    qdb = qd + b64 * (HV * K) + i_h * K
+    kdb = kd + b64 * (HV * K) + i_h * K
+    for j in tl.static_range(K // BK):
+        p_k = tl.make_block_ptr(kb, (seq, K), (H * K, 1), (t0, j * BK), (BT, BK), (1, 0))
+        b_kn = tl.load(p_k, boundary_check=(0,)).to(tl.float32) * b_rk[:, None]
+        p_kd = tl.make_block_ptr(kdb, (seq, K), (HV * K, 1), (t0, j * BK), (BT, BK), (1, 0))
+        tl.store(p_kd, (b_kn * tl.exp(g_last - b_gc)[:, None]).to(tl.float16), boundary_check=(0,))
+        b_w = tl.dot(b_t16, (b_kn * (b_beta * e_g)[:, None]).to(tl.float16)).to(tl.float16)
+        p_w = tl.make_block_ptr(wb, (seq, K), (HV * K, 1), (t0, j * BK), (BT, BK), (1, 0))
+        tl.store(p_w, b_w, boundary_check=(0,))
+        p_q = tl.make_block_ptr(qb, (seq, K), (H * K, 1), (t0, j * BK), (BT, BK), (1, 0))
+        b_qs = tl.load(p_q, boundary_check=(0,)).to(tl.float32) * (scale * b_rq * e_g)[:, None]
+        p_qd = tl.make_block_ptr(qdb, (seq, K), (HV * K, 1), (t0, j * BK), (BT, BK), (1, 0))
+        tl.store(p_qd, (b_qs - tl.dot(b_p16, b_w)).to(tl.float16), boundary_check=(0,))
+    vb = v + b64 * (HV * V) + i_h * V
+    ub = u + b64 * (HV * V) + i_h * V
+    ob = o + b64 * (HV * V) + i_h * V
+    for j in tl.static_range(V // BK):
+        p_v = tl.make_block_ptr(vb, (seq, V), (HV * V, 1), (t0, j * BK), (BT, BK), (1, 0))
+        b_vb = (tl.load(p_v, boundary_check=(0,)).to(tl.float32) * b_beta[:, None]).to(tl.float16)
+        b_u = tl.dot(b_t16, b_vb).to(tl.float16)
+        p_u = tl.make_block_ptr(ub, (seq, V), (HV * V, 1), (t0, j * BK), (BT, BK), (1, 0))
+        tl.store(p_u, b_u, boundary_check=(0,))
+        p_o = tl.make_block_ptr(ob, (seq, V), (HV * V, 1), (t0, j * BK), (BT, BK), (1, 0))
+        tl.store(p_o, tl.dot(b_p16, b_u).to(o.dtype.element_ty), boundary_check=(0,))
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -147,34 +180,53 @@ def _state_kernel(
         bos = i_n * T
         eos = bos + T
 
-    r = tl.arange(0, BT)
-    ck = tl.arange(0, K)
-    cv = i_v * BV + tl.arange(0, BV)
-    # The state is kept transposed, St = S^T [K, BV], so that every product below is a plain dot.
-    st_off = i_nh.to(tl.int64) * (V * K) + cv[None, :] * K + ck[:, None]
+    seq = eos - bos
+    b64 = bos.to(tl.int64)
+    # The state is kept transposed, S^T [K, BV], in 64-row halves: each product then holds
+    # only a [64, BV] operand, which keeps the kernel within Turing's registers.
     if USE_INITIAL_STATE:
-        b_st = tl.load(h0 + st_off).to(tl.float32)
+        p_h0 = tl.make_block_ptr(h0 + i_nh.to(tl.int64) * (V * K), (K, V), (1, K), (0, i_v * BV), (64, BV), (0, 1))
+        b_s1 = tl.load(p_h0).to(tl.float32)
+        if K > 64:
+            b_s2 = tl.load(tl.advance(p_h0, (64, 0))).to(tl.float32)
     else:
-        b_st = tl.zeros([K, BV], dtype=tl.float32)
+        b_s1 = tl.zeros([64, BV], dtype=tl.float32)
+        if K > 64:
+            b_s2 = tl.zeros([64, BV], dtype=tl.float32)
 
-    for c in range(0, (eos - bos + BT - 1) // BT):
-        rows = bos + c * BT + r
-        m = rows < eos
-        rows64 = rows.to(tl.int64)
-        tok_k = rows64[:, None] * (HV * K) + i_h * K + ck[None, :]
-        tok_v = rows64[:, None] * (HV * V) + i_h * V + cv[None, :]
-        b_st16 = b_st.to(tl.float16)
-        b_w = tl.load(w + tok_k, mask=m[:, None], other=0.0)
-        b_delta = tl.load(u + tok_v, mask=m[:, None], other=0.0).to(tl.float32) - tl.dot(b_w, b_st16)
-        b_qd = tl.load(qd + tok_k, mask=m[:, None], other=0.0)
-        b_o = tl.load(o + tok_v, mask=m[:, None], other=0.0).to(tl.float32) + tl.dot(b_qd, b_st16)
-        tl.store(o + tok_v, b_o.to(o.dtype.element_ty), mask=m[:, None])
-        g_last = tl.sum(tl.load(g + rows64 * HV + i_h, mask=m, other=0.0), 0)
-        b_kd = tl.load(kd + tok_k, mask=m[:, None], other=0.0)
-        b_st = b_st * tl.exp(g_last) + tl.dot(tl.trans(b_kd), b_delta.to(tl.float16))
+    wb = w + b64 * (HV * K) + i_h * K
+    qb = qd + b64 * (HV * K) + i_h * K
+    kb = kd + b64 * (HV * K) + i_h * K
+    ub = u + b64 * (HV * V) + i_h * V
+    ob = o + b64 * (HV * V) + i_h * V
+    gb = g + b64 * HV + i_h
+    for c in range(0, (seq + BT - 1) // BT):
+        t0 = c * BT
+        p_w = tl.make_block_ptr(wb, (seq, K), (HV * K, 1), (t0, 0), (BT, 64), (1, 0))
+        p_q = tl.make_block_ptr(qb, (seq, K), (HV * K, 1), (t0, 0), (BT, 64), (1, 0))
+        p_kt = tl.make_block_ptr(kb, (K, seq), (1, HV * K), (0, t0), (64, BT), (0, 1))
+        p_u = tl.make_block_ptr(ub, (seq, V), (HV * V, 1), (t0, i_v * BV), (BT, BV), (1, 0))
+        p_o = tl.make_block_ptr(ob, (seq, V), (HV * V, 1), (t0, i_v * BV), (BT, BV), (1, 0))
+        p_g = tl.make_block_ptr(gb, (seq,), (HV,), (t0,), (BT,), (0,))
+        b_s16 = b_s1.to(tl.float16)
+        b_delta = tl.load(p_u, boundary_check=(0,)).to(tl.float32) - tl.dot(tl.load(p_w, boundary_check=(0,)), b_s16)
+        b_o = tl.load(p_o, boundary_check=(0,)).to(tl.float32) + tl.dot(tl.load(p_q, boundary_check=(0,)), b_s16)
+        if K > 64:
+            b_s16 = b_s2.to(tl.float16)
+            b_delta -= tl.dot(tl.load(tl.advance(p_w, (0, 64)), boundary_check=(0,)), b_s16)
+            b_o += tl.dot(tl.load(tl.advance(p_q, (0, 64)), boundary_check=(0,)), b_s16)
+        tl.store(p_o, b_o.to(o.dtype.element_ty), boundary_check=(0,))
+        decay = tl.exp(tl.sum(tl.load(p_g, boundary_check=(0,)), 0))
+        b_d16 = b_delta.to(tl.float16)
+        b_s1 = b_s1 * decay + tl.dot(tl.load(p_kt, boundary_check=(1,)), b_d16)
+        if K > 64:
+            b_s2 = b_s2 * decay + tl.dot(tl.load(tl.advance(p_kt, (64, 0)), boundary_check=(1,)), b_d16)
 
     if STORE_FINAL_STATE:
-        tl.store(ht + st_off, b_st)
+        p_ht = tl.make_block_ptr(ht + i_nh.to(tl.int64) * (V * K), (K, V), (1, K), (0, i_v * BV), (64, BV), (0, 1))
+        tl.store(p_ht, b_s1)
+        if K > 64:
+            tl.store(tl.advance(p_ht, (64, 0)), b_s2)
 
 
 def _alloc(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -248,7 +300,7 @@ def chunk_gated_delta_rule(
         return o, final_state
     _prep_kernel[(n_chunks, HV)](
         q, k, v, g, beta, w, u, qd, kd, o, cu_seqlens, chunk_indices, T, N, float(scale),
-        H=H, HV=HV, K=K, V=V, BT=CHUNK, IS_VARLEN=is_varlen, HAS_CHUNK_INDICES=chunk_indices is not None,
+        H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=prep_cfg.block_k, IS_VARLEN=is_varlen, HAS_CHUNK_INDICES=chunk_indices is not None,
         USE_L2NORM=bool(use_qk_l2norm_in_kernel), EPS=L2NORM_EPS, num_warps=prep_cfg.num_warps, num_stages=1,
     )
     _state_kernel[(V // state_cfg.block_v, N * HV)](

@@ -22,6 +22,7 @@ FEW_PAIRS = 128
 class PrepConfig:
     """The per-chunk kernel (WY solve, w/u, q', intra-chunk output): one program per chunk and head."""
 
+    block_k: int
     num_warps: int
 
 
@@ -33,24 +34,25 @@ class StateConfig:
     num_warps: int
 
 
-# (K, V) -> prep config. 8 warps keep the 64x64 solve and the [64, K] tiles in registers.
+# (K, V) -> prep config: K and V walked in 16-wide column tiles by 4 warps (one 16-row MMA
+# tile each for the 64-row chunk; 8 warps would only duplicate work).
 PREP: dict[tuple[int, int], PrepConfig] = {
-    (64, 64): PrepConfig(num_warps=4),
-    (64, 128): PrepConfig(num_warps=4),
-    (128, 64): PrepConfig(num_warps=8),
-    (128, 128): PrepConfig(num_warps=8),
+    (64, 64): PrepConfig(block_k=16, num_warps=4),
+    (64, 128): PrepConfig(block_k=16, num_warps=4),
+    (128, 64): PrepConfig(block_k=16, num_warps=4),
+    (128, 128): PrepConfig(block_k=16, num_warps=4),
 }
 
 # (K, V, shape class) -> state config; classes: "few" pairs (long prompts) or "many" (batches).
 STATE: dict[tuple[int, int, str], StateConfig] = {
     (64, 64, "few"): StateConfig(block_v=16, num_warps=4),
-    (64, 64, "many"): StateConfig(block_v=32, num_warps=4),
-    (64, 128, "few"): StateConfig(block_v=32, num_warps=4),
-    (64, 128, "many"): StateConfig(block_v=64, num_warps=4),
-    (128, 64, "few"): StateConfig(block_v=16, num_warps=4),
-    (128, 64, "many"): StateConfig(block_v=32, num_warps=4),
-    (128, 128, "few"): StateConfig(block_v=32, num_warps=4),
-    (128, 128, "many"): StateConfig(block_v=64, num_warps=4),
+    (64, 64, "many"): StateConfig(block_v=32, num_warps=8),
+    (64, 128, "few"): StateConfig(block_v=16, num_warps=4),
+    (64, 128, "many"): StateConfig(block_v=32, num_warps=8),
+    (128, 64, "few"): StateConfig(block_v=32, num_warps=8),
+    (128, 64, "many"): StateConfig(block_v=32, num_warps=8),
+    (128, 128, "few"): StateConfig(block_v=16, num_warps=4),
+    (128, 128, "many"): StateConfig(block_v=32, num_warps=8),
 }
 
 
