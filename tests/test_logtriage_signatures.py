@@ -253,3 +253,11 @@ def test_every_signature_is_found_in_some_excerpt():
     seen |= {f.id for f in run_text(RUNTIME_FAIL).findings}
     assert {s.id for s in SIGNATURES} - seen == set()
     assert {s.rule for s in SIGNATURES} == set(Rule)
+
+
+def test_readme_table_is_generated_from_the_signatures():
+    from caovan_vllm_sm75_turbo3.logtriage.signatures import markdown_table
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    start, end = "<!-- logtriage-table:start -->\n", "\n<!-- logtriage-table:end -->"
+    assert readme[readme.index(start) + len(start):readme.index(end)] == markdown_table()

@@ -1,9 +1,6 @@
 """Log triage: read a vLLM server log and explain, in plain words, what failed and how to fix it.
 
-`triage_path(path)` gives a `Triage`; `render.render_text(triage)` is its report in words. Nothing here imports
-torch, triton or vllm.
+`triage.triage_path(path)` gives a `Triage`; `render.render_text(triage)` is its report in words;
+`signatures.SIGNATURES` are the known messages (`python -m caovan_vllm_sm75_turbo3.logtriage.signatures`
+prints them as the README's table). Nothing here imports torch, triton or vllm.
 """
-
-from .triage import Triage, triage_lines, triage_path
-
-__all__ = ["Triage", "triage_lines", "triage_path"]

@@ -39,7 +39,8 @@ class Signature:
     `error_context`: count it only on an error/warning line or inside a traceback (for names that
     also appear in normal status lines). `context`: the match is this signature only if one of these
     substrings is within `CONTEXT_LINES` lines around it; otherwise it is `otherwise`.
-    `fixes_by_phase` refines `fix` by the start-up phase the failure happened in.
+    `fixes_by_phase` refines `fix` by the start-up phase the failure happened in. `shown` is how the
+    README's table describes the message when the needles are only a prefilter.
     A line is counted for the first signature in SIGNATURES that matches it, so order matters.
     """
 
@@ -56,6 +57,7 @@ class Signature:
     context: tuple[str, ...] = ()
     otherwise: str | None = None
     fixes_by_phase: dict[str, str] = field(default_factory=dict)
+    shown: str = ""
 
     def matches(self, text: str) -> dict[str, str] | None:
         """The details of a match in `text` ({} when it has none), or None."""
@@ -106,6 +108,7 @@ SIGNATURES: tuple[Signature, ...] = (
     # vllm/v1/executor/multiproc_executor.py: TimeoutError(f"RPC call to {method} timed out.")
     Signature(
         id="execute-timeout",
+        shown='`RPC call to <method> timed out`',
         title="a worker did not answer within the execute timeout",
         needles=("RPC call to ",),
         confirm=re.compile(r"RPC call to (?P<method>\w+) timed out"),
@@ -117,6 +120,7 @@ SIGNATURES: tuple[Signature, ...] = (
     # Our own line, plugin/ GDN dispatch: "Caovan SM75 Turbo3 dispatch failed on interface <name>: <reason>".
     Signature(
         id="caovan-dispatch-failed",
+        shown='`Caovan SM75 Turbo3 dispatch failed on interface <name>: <reason>`',
         title="our GDN kernels were switched off in a process (fell back to vLLM's)",
         needles=("dispatch failed on interface",),
         confirm=re.compile(r"dispatch failed on interface (?P<interface>[\w.:-]+): ?(?P<reason>.*)"),
@@ -129,6 +133,8 @@ SIGNATURES: tuple[Signature, ...] = (
     # CUDA runtime error text, raised through torch ("CUDA error: invalid resource handle").
     Signature(
         id="gdn-legacy-failure",
+        shown=('`CUDA error: invalid resource handle`, `GDN prefill kernel warmup failed`, '
+               '`flashqla_legacy` or `legacy-gdn-linear-attn-v020` on an error line or in a traceback'),
         title="the legacy SM75 GDN kernel path failed",
         needles=("CUDA error: invalid resource handle", "GDN prefill kernel warmup failed",
                  "flashqla_legacy", "legacy-gdn-linear-attn-v020"),
@@ -141,6 +147,8 @@ SIGNATURES: tuple[Signature, ...] = (
     # ninja's own "ninja: build stopped: subcommand failed."; nvcc's "fatal error: curand.h: ...".
     Signature(
         id="flashinfer-sampler-jit",
+        shown=("`curand.h: No such file`, `Ninja build failed`, `ninja: build stopped`, `Could not find nvcc`, "
+               "`nvcc not found` with FlashInfer's sampling sources within 80 lines"),
         title="FlashInfer's sampling kernels failed to compile (JIT)",
         needles=("curand.h: No such file", "Ninja build failed", "ninja: build stopped",
                  "Could not find nvcc", "nvcc not found", "nvcc: not found", "nvcc: command not found"),
@@ -154,6 +162,7 @@ SIGNATURES: tuple[Signature, ...] = (
         fix=SAMPLER_FIX),
     Signature(
         id="jit-build-failed",
+        shown="the same build errors without FlashInfer's sampling sources nearby",
         title="a CUDA JIT build (nvcc/ninja) failed",
         needles=(),   # only reached through flashinfer-sampler-jit's `otherwise`
         rule=Rule.FATAL, role=Role.CAUSE,
@@ -198,6 +207,8 @@ SIGNATURES: tuple[Signature, ...] = (
     # for cuda with AttentionSelectorConfig(... kv_cache_dtype=fp8 ...). Reasons: {...}".
     Signature(
         id="fp8-kv-unsupported",
+        shown=('`type fp8e4nv not supported`, '
+               '`No valid attention backend found` with `kv_cache_dtype=fp8` or `kv_cache_dtype not supported`'),
         title="fp8 KV cache refused on this GPU",
         needles=("fp8e4nv not supported", "No valid attention backend found"),
         confirm=re.compile(r"fp8e4nv not supported|kv_cache_dtype=(?P<kv_cache_dtype>fp8\w*)"
@@ -244,6 +255,8 @@ SIGNATURES: tuple[Signature, ...] = (
     # proc(s): {'EngineCore_DP0': -9}", dmesg "Out of memory: Killed process".
     Signature(
         id="host-oom-kill",
+        shown=('a `Killed` line, `exited with code 137`, `Out of memory: Killed process`, '
+               '`Failed core proc(s): {...: -9}`'),
         title="a process was killed by the host's out-of-memory killer",
         needles=("Killed", "137", "-9", "oom-kill", "oom_reaper"),
         confirm=re.compile(r"^Killed\b|\d+ Killed\s|[Oo]ut of memory: Killed process|\boom-kill\b|oom_reaper"
@@ -268,6 +281,7 @@ SIGNATURES: tuple[Signature, ...] = (
     # vllm/v1/executor/multiproc_executor.py monitor_workers.
     Signature(
         id="worker-died",
+        shown='`Worker proc <name> died unexpectedly`',
         title="a tensor-parallel worker process died",
         needles=("died unexpectedly",),
         confirm=re.compile(r"(?:Worker proc |RayWorkerProc rank=)(?P<worker>\S+) died unexpectedly"),
@@ -278,6 +292,7 @@ SIGNATURES: tuple[Signature, ...] = (
     # uvicorn access log: '127.0.0.1:40112 - "POST /v1/chat/completions HTTP/1.1" 500 Internal Server Error'.
     Signature(
         id="http-5xx",
+        shown='uvicorn\'s access line with a 5xx status, `"POST /v1/chat/completions HTTP/1.1" 500`',
         title="the server answered requests with a server error (5xx)",
         needles=(' HTTP/1.1" 5', ' HTTP/1.0" 5', ' HTTP/2" 5'),
         confirm=re.compile(r'"(?P<method>[A-Z]+) (?P<path>\S+) HTTP/[\d.]+" (?P<status>5\d\d)\b'),
@@ -287,6 +302,7 @@ SIGNATURES: tuple[Signature, ...] = (
     # Our own status lines (DESIGN.md): the banner's runtime=, the warmup's result, register()'s warning.
     Signature(
         id="caovan-runtime-fail",
+        shown='the banner line `runtime=FAIL`',
         title="our launcher's checks failed (runtime=FAIL)",
         needles=("runtime=FAIL",),
         confirm=re.compile(r"^(?:\[Caovan\] )?runtime=FAIL\b"),
@@ -295,6 +311,7 @@ SIGNATURES: tuple[Signature, ...] = (
         fix="Run `caovan-sm75-doctor`: it names the failing check and its remedy."),
     Signature(
         id="caovan-runtime-warn",
+        shown='the banner line `runtime=WARN`',
         title="our launcher's checks warned (runtime=WARN)",
         needles=("runtime=WARN",),
         confirm=re.compile(r"^(?:\[Caovan\] )?runtime=WARN\b"),
@@ -303,6 +320,7 @@ SIGNATURES: tuple[Signature, ...] = (
         fix="Run `caovan-sm75-doctor` to see which check and its remedy."),
     Signature(
         id="caovan-warmup-failed",
+        shown='`[Caovan] warmup=FAILED step=<name> reason=<...>`',
         title="caovan-sm75-warmup failed",
         needles=("warmup=FAILED",),
         confirm=re.compile(r"warmup=FAILED(?: step=(?P<step>\S+))?(?: reason=(?P<reason>.*))?"),
@@ -345,3 +363,16 @@ SIGNATURES: tuple[Signature, ...] = (
 )
 
 BY_ID: dict[str, Signature] = {s.id: s for s in SIGNATURES}
+
+
+def markdown_table() -> str:
+    """The README's table of known messages, generated from SIGNATURES so that the two cannot drift."""
+    rows = ["| id | judged | spotted by | what it means |", "|---|---|---|---|"]
+    for s in SIGNATURES:
+        spots = s.shown or ", ".join(f"`{n}`" for n in s.needles)
+        rows.append(f"| `{s.id}` | {s.rule.value} | {spots.replace('|', '&#124;')} | {s.title} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(markdown_table())
