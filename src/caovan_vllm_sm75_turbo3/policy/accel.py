@@ -1,8 +1,9 @@
 """Whether our accelerated path (the Turing GDN prefill through vLLM's GDN layer) can be active.
 
-One place answers this, for the `gdn_legacy=` status line and for require-turbo3. Today the
-plugin does not yet dispatch a GDN kernel into vLLM, so the path is never active and the
-line says so truthfully; the dispatch module replaces `gdn_state` when it lands.
+One place answers this, for the `gdn_legacy=` status line and for require-turbo3. The
+launcher predicts it from facts and settings; plugin/dispatch confirms it inside each vLLM
+process and logs the final state (`gdn_legacy=<interface family>` when ours is active,
+`disabled-by-user` or `upstream`).
 """
 
 from __future__ import annotations
@@ -39,5 +40,11 @@ def gdn_state(facts: Facts, settings: Settings) -> GdnState:
         reasons.append(f"no known GDN interface for vLLM {facts.versions.vllm}")
     if settings.mode == "guards":
         reasons.append(f"mode=guards ({settings.source('mode')}) keeps vLLM's own kernels")
-    reasons.append("this plugin release has no GDN kernel dispatch yet: vLLM's own Triton GDN prefill runs")
-    return GdnState("upstream-no-caovan-kernel", False, tuple(reasons))
+    if reasons:
+        return GdnState("upstream", False, tuple(reasons))
+    # The active path is named by its interface family; plugin/dispatch confirms it in each vLLM
+    # process (interface checks, precompile, self-check).
+    family = vv.gdn_family(facts.versions.vllm)
+    return GdnState(family, True, (
+        f"{facts.sm75_count} SM75 GPU(s); vLLM {facts.versions.vllm} has GDN interface {family}: "
+        "our prefill replaces ChunkGatedDeltaRule",))

@@ -1,0 +1,42 @@
+"""The one-line answer to "what runs GDN prefill in this process, and why"."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# `gdn_legacy=` values besides the interface family's name, which means "ours is active".
+DISABLED = "disabled-by-user"
+UPSTREAM = "upstream"
+
+UPSTREAM_KERNEL = "vllm-upstream"
+LOG_PREFIX = "Caovan SM75 Turbo3 GDN prefill:"
+
+
+@dataclass(frozen=True)
+class DispatchState:
+    """Which interface family serves GDN prefill, with which kernel, and why.
+
+    `status` is the `gdn_legacy=` value: the interface family's name (`legacy-gdn-linear-attn-v020`,
+    `modular-qwen-gdn-v022`) when our kernel runs, `disabled-by-user`, or `upstream` (vLLM's own
+    kernel). `interface` is the family detected, or `none` when no known layout was found.
+    """
+
+    status: str
+    interface: str
+    kernel: str
+    why: str
+
+    @property
+    def active(self) -> bool:
+        """True when our kernel serves GDN prefill."""
+        return self.status not in (DISABLED, UPSTREAM)
+
+    def line(self) -> str:
+        """The single log line: `gdn_legacy=<status> interface=<family> kernel=<name> why=<text>`."""
+        return (f"gdn_legacy={self.status} interface={self.interface} kernel={self.kernel} "
+                f"why={self.why}")
+
+
+def failure_line(interface: str, reason: str) -> str:
+    """The exact line logged when our path is given up for this process."""
+    return f"Caovan SM75 Turbo3 dispatch failed on interface {interface}: {reason}"
