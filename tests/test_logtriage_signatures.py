@@ -123,8 +123,25 @@ def test_our_dispatch_failure_is_a_fallback_warning_with_the_interface():
     assert f.details["interface"] == "modular-qwen-gdn-v022"
     assert f.details["reason"].startswith("CUDA error: invalid resource handle")
     assert "CAOVAN_GDN_LEGACY_DISABLE=1" in f.fix
-    assert "gdn-legacy-failure" not in by_id(t)   # the same words on our fallback line are not fatal
+    assert "gdn-legacy-failure" not in by_id(t)   # the same words on our fallback lines are not fatal
     assert t.exit_code == 1 and t.vllm_version == "0.23.1"
+    # the banner's env/arg lines stay in the banner; our per-process lines are summarised, not judged
+    c = t.caovan
+    assert c.status["turbo3"] == "active" and "env.VLLM_USE_FLASHINFER_SAMPLER" not in c.status
+    assert c.processes == 2
+    assert list(c.states.values()) == [1, 2]
+    assert next(iter(c.states)).startswith("gdn_legacy=modular-qwen-gdn-v022 interface=modular-qwen-gdn-v022")
+    assert set(by_id(t)) == {"caovan-dispatch-failed"}
+
+
+def test_require_turbo3_refusal_in_the_banner_is_the_first_failure():
+    t = run("caovan_require_turbo3_refused.log")
+    assert t.first_failure.id == "caovan-refused" and t.first_failure.line == 8
+    f = next(x for x in t.findings if x.id == "caovan-refused")
+    assert f.details["reason"].startswith("require-turbo3 is on")
+    assert t.caovan.status["gdn_legacy"] == "upstream"
+    assert t.caovan.checks == ["vllm=WARN: vLLM 0.35.0 is newer than the newest release we read (0.34) "
+                               "-> pip install vllm==0.21.0"]
 
 
 def test_clean_log_says_so():
@@ -201,6 +218,11 @@ VARIANTS = [
      "inductor-few-sms", "harmless"),
     ("[Caovan] warmup=FAILED step=prefill-4096 reason=HTTP 500 from /v1/completions\n",
      "caovan-warmup-failed", "fatal"),
+    (V + "caovan_vllm_sm75_turbo3.plugin.dispatch.controller.DispatchError: require-turbo3 (env CAOVAN_REQUIRE_TURBO3) "
+     "is on, but our GDN prefill cannot serve this process: precompile failed. Unset CAOVAN_REQUIRE_TURBO3\n",
+     "caovan-refused", "fatal"),
+    ("WARNING 12-02 18:00:00 [register.py:101] Caovan SM75 Turbo3: guards not applied in this process (pid 7): "
+     "boom\n", "caovan-plugin-inactive", "warning"),
     ("WARNING 12-02 18:00:00 [register.py:30] Caovan SM75 Turbo3: plugin inactive in this process: "
      "CAOVAN_MODE='fast' is not accepted\n", "caovan-plugin-inactive", "warning"),
     ("(APIServer pid=1) WARNING 12-02 18:00:00 [topk_topp_sampler.py:61] FlashInfer top-p/top-k sampling not "

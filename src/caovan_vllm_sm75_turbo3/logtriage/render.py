@@ -42,6 +42,12 @@ def render_text(t: Triage) -> str:
     else:
         out.append("No Caovan status banner: the server was started without caovan-vllm-serve, or the log "
                    "begins after it.")
+    for check in c.checks:
+        out.append(f"  check {check}")
+    if c.processes:
+        out.append(f"  guards applied in {c.processes} vLLM processes")
+    for state, count in c.states.items():
+        out.append(f"  {state}" + (f" ({count} processes)" if count > 1 else ""))
     if c.warmup:
         out.append(f"  [Caovan] {c.warmup} (line {c.warmup_line})")
     out.append("")

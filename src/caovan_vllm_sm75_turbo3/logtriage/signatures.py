@@ -328,10 +328,25 @@ SIGNATURES: tuple[Signature, ...] = (
         cause="A warmup request failed; the server's own log around that time says why.",
         fix="Fix the failure the server logged for that request, restart, and run the warmup again."),
     Signature(
+        id="caovan-refused",
+        title="our launcher refused to start",
+        needles=("refused: ", "is on, but our GDN prefill cannot serve this process"),
+        confirm=re.compile(r"^refused: (?P<reason>.+)|require-turbo3 .*is on, but our GDN prefill cannot serve "
+                           r"this process: (?P<why>.*)"),
+        rule=Rule.FATAL, role=Role.CAUSE,
+        cause=("CAOVAN_REQUIRE_TURBO3=1 (or caovan_require_turbo3) asks for a refusal when the accelerated path "
+               "cannot be active, and it cannot (the reason is on the line); or runtime=FAIL stopped the launch."),
+        fix=("Fix the reason on the line, or unset CAOVAN_REQUIRE_TURBO3 / drop caovan_require_turbo3 to start "
+             "on vLLM's own kernels; `caovan-vllm-serve --dry-run` shows the plan without starting.")),
+    Signature(
         id="caovan-plugin-inactive",
         title="our plugin is inactive in a process",
-        needles=("Caovan SM75 Turbo3: plugin inactive",),
-        confirm=re.compile(r"plugin inactive in this process: ?(?P<reason>.*)"),
+        needles=("Caovan SM75 Turbo3: plugin inactive", "Caovan SM75 Turbo3: guards not applied",
+                 "Caovan SM75 Turbo3 GDN prefill: not dispatched"),
+        shown=("`Caovan SM75 Turbo3: guards not applied in this process (pid N): <reason>`, "
+               "`Caovan SM75 Turbo3 GDN prefill: not dispatched: <reason>`"),
+        confirm=re.compile(r"(?:plugin inactive in this process|guards not applied in this process(?: \(pid \d+\))?"
+                           r"|not dispatched): ?(?P<reason>.*)"),
         rule=Rule.WARNING, role=Role.CAUSE,
         cause="register() met an error and left this process to plain vLLM (the reason is on the line).",
         fix="Run `caovan-sm75-doctor --settings`; a CAOVAN_* value it rejects is the usual reason."),

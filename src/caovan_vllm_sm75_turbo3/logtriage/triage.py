@@ -20,6 +20,13 @@ MAX_PROCESSES = 256       # processes whose open traceback is tracked
 BANNER = re.compile(r"Caovan vLLM SM75 Turbo3 external plugin v(?P<version>\S+)")
 STATUS_LINE = re.compile(r"^(?:\[Caovan\] )?(?P<key>[a-z][a-z0-9_]*)=(?P<value>\S.*)$")
 WARMUP_LINE = re.compile(r"\[Caovan\] (?P<line>warmup=\S+.*)$")
+# Lines of the banner after its status lines (policy/banner.py): kept in the block, checks kept.
+BANNER_MORE = ("env.", "arg ", "check ", "warning: ", "note: ", "refused: ")
+# Our per-process status lines (plugin/): summarised, never judged as failures themselves.
+GDN_STATE = re.compile(r"^Caovan SM75 Turbo3 GDN prefill: (?P<state>gdn_legacy=\S+ interface=.*)$")
+WORKER_LINE = re.compile(r"^Caovan SM75 Turbo3 v\S+: guards from .+ apply in this process")
+TURBO_LINE = re.compile(r"^Caovan SM75 Turbo3: (?P<state>turbo=.*)$")
+MAX_STATES = 16           # distinct per-process state lines kept
 ACCESS = re.compile(r'"(?P<method>[A-Z]+) (?P<path>\S+) HTTP/[\d.]+" (?P<status>\d{3})\b')
 VLLM_VERSION = re.compile(r"(?:vLLM (?:API )?server version|\bversion) v?(?P<version>\d+\.\d+\.\d+[\w.+-]*)")
 ERROR_WORDS = re.compile(r"Error\b|error:|[Ff]ailed|FAILED")
@@ -99,8 +106,11 @@ class CaovanSummary:
     line: int | None = None
     banners: int = 0
     status: dict[str, str] = field(default_factory=dict)
+    checks: list[str] = field(default_factory=list)      # the banner's non-PASS `check ...` lines
     warmup: str | None = None
     warmup_line: int | None = None
+    processes: int = 0                                   # worker lines: guards applied in a process
+    states: dict[str, int] = field(default_factory=dict)  # GDN prefill / turbo state line -> count
 
     def meanings(self) -> dict[str, str]:
         """A plain-words reading of each status value we know."""
@@ -115,7 +125,8 @@ class CaovanSummary:
 
     def to_dict(self) -> dict[str, object]:
         return {"version": self.version, "line": self.line, "banners": self.banners, "status": self.status,
-                "meanings": self.meanings(), "warmup": self.warmup, "warmup_line": self.warmup_line}
+                "meanings": self.meanings(), "checks": self.checks, "warmup": self.warmup,
+                "warmup_line": self.warmup_line, "processes": self.processes, "states": self.states}
 
 
 @dataclass
@@ -208,12 +219,12 @@ class _Reader:
         text = ln.text
         self._resolve_pending(ln)
         self._track_phase(text)
-        self._track_caovan(ln)
+        own_state = self._track_caovan(ln)
         if self.vllm_version is None and ("version" in text) and (m := VLLM_VERSION.search(text)):
             if "vLLM" in text or "\u2588" in text:   # the plain line or vLLM's logo
                 self.vllm_version = m.group("version")
         kind, tb_phase = self._track_traceback(ln)
-        matched = self._match(ln, kind, tb_phase)
+        matched = own_state or self._match(ln, kind, tb_phase)
         if kind == "exception":
             frame_hit = self.frame_hits.pop(ln.process, None)
             if frame_hit is not None and not matched:
@@ -237,24 +248,40 @@ class _Reader:
             if marker in text:
                 self.phase = phase
 
-    def _track_caovan(self, ln: LogLine) -> None:
+    def _track_caovan(self, ln: LogLine) -> bool:
+        """Summarise our own status lines; True for a per-process state line (not to be judged)."""
         text = ln.text
-        if m := BANNER.search(text):
-            self.caovan.banners += 1
-            self.in_banner = self.caovan.banners == 1   # the first launch is summarised
-            if self.in_banner:
-                self.caovan.version, self.caovan.line = m.group("version"), ln.number
-            return
-        if m := WARMUP_LINE.search(text):
-            if self.caovan.warmup is None or self.caovan.warmup.startswith("warmup=READY"):
-                self.caovan.warmup, self.caovan.warmup_line = m.group("line")[:MAX_TEXT], ln.number
-            return
+        c = self.caovan
         if self.in_banner:
             m = STATUS_LINE.match(text)
-            if m is None:
-                self.in_banner = False
-            elif len(self.caovan.status) < MAX_STATUS_KEYS:
-                self.caovan.status.setdefault(m.group("key"), m.group("value")[:MAX_TEXT])
+            if m is not None:
+                if len(c.status) < MAX_STATUS_KEYS:
+                    c.status.setdefault(m.group("key"), m.group("value")[:MAX_TEXT])
+                return False
+            if text.startswith(BANNER_MORE):
+                if text.startswith("check ") and len(c.checks) < MAX_STATUS_KEYS:
+                    c.checks.append(text[len("check "):MAX_TEXT])
+                return False
+            self.in_banner = False
+        if "Caovan" not in text:
+            return False
+        if m := BANNER.search(text):
+            c.banners += 1
+            self.in_banner = c.banners == 1   # the first launch is summarised
+            if self.in_banner:
+                c.version, c.line = m.group("version"), ln.number
+        elif m := WARMUP_LINE.search(text):
+            if c.warmup is None or c.warmup.startswith("warmup=READY"):
+                c.warmup, c.warmup_line = m.group("line")[:MAX_TEXT], ln.number
+        elif WORKER_LINE.match(text):
+            c.processes += 1
+            return True
+        elif m := (GDN_STATE.match(text) or TURBO_LINE.match(text)):
+            state = m.group("state")[:MAX_TEXT]
+            if state in c.states or len(c.states) < MAX_STATES:
+                c.states[state] = c.states.get(state, 0) + 1
+            return True
+        return False
 
     def _track_traceback(self, ln: LogLine) -> tuple[str, str | None]:
         """('' | 'error' | 'traceback' | 'exception', the phase its frames pin) for this line."""
