@@ -21,7 +21,7 @@ OP_PARAMS = ("q", "k", "v", "g", "beta", "initial_state", "output_final_state", 
 KERNEL_PARAMS = ("q", "k", "v", "g", "beta", "scale", "initial_state", "output_final_state",
                  "cu_seqlens", "chunk_indices", "chunk_offsets", "use_qk_l2norm_in_kernel",
                  "core_attn_out")
-# Extra keywords some releases pass to the op for other platforms (ROCm metadata in 0.34);
+# Extra keywords some releases pass to the op for other platforms (ROCm metadata from 0.32);
 # our forward hands a call that sets one of them to vLLM's own method.
 PASSTHROUGH_KWARGS = ("aiter_prefill_metadata",)
 

@@ -98,8 +98,11 @@ def plan_batches(shapes: ModelShapes, shape_class: Callable[[int, int], str]) ->
             seen.add(cls)
             base, extra = divmod(tokens, n)
             batches.append(Batch(tuple(base + (i < extra) for i in range(n)), chunk_indices=True))
-    check = tuple(x for x in SELF_CHECK_LENGTHS if x <= tokens) or (tokens,)
-    batches.append(Batch(check, chunk_indices=False, check=True))
+    check: list[int] = []
+    for length in SELF_CHECK_LENGTHS:  # as many of them as one step may hold
+        if sum(check) + length <= tokens:
+            check.append(length)
+    batches.append(Batch(tuple(check) or (tokens,), chunk_indices=False, check=True))
     return batches
 
 

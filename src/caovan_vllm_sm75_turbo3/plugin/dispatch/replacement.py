@@ -41,7 +41,7 @@ def build(upstream: type, interface: str, controller: Controller) -> type:
                            use_qk_l2norm_in_kernel: bool = True, core_attn_out: Any = None,
                            **platform_kwargs: Any) -> Any:
             """Our kernel with vLLM's op signature; a call carrying another platform's metadata
-            (e.g. 0.34's `aiter_prefill_metadata`) goes to vLLM's own method."""
+            (e.g. `aiter_prefill_metadata`, 0.32+) goes to vLLM's own method."""
             if any(value is not None for value in platform_kwargs.values()):
                 return self._caovan_upstream(
                     q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state,
