@@ -180,6 +180,18 @@ def test_details_make_the_advice_specific():
     assert host.phase == "load" and "while loading the weights" in host.cause
 
 
+def test_banner_logged_as_one_multi_line_vllm_record():
+    # NewLineFormatter repeats the header after each "\r\n"; _add_prefix adds the process name
+    head = "(APIServer pid=7) INFO 12-02 18:00:00 [register.py:103] "
+    record = "\r\n".join(head + x for x in ("Caovan vLLM SM75 Turbo3 external plugin v0.2.0", "runtime=PASS",
+                                             "sm75=1/2", "gdn_legacy=disabled-by-user")) + "\r\n"
+    t = run_text(record + head + "Using max model len 4096\r\n")
+    assert t.caovan.version == "0.2.0" and t.caovan.line == 1
+    assert t.caovan.status == {"runtime": "PASS", "sm75": "1/2", "gdn_legacy": "disabled-by-user"}
+    assert "CAOVAN_GDN_LEGACY_DISABLE=1" in t.caovan.meanings()["gdn_legacy"]
+    assert t.findings == []
+
+
 def test_caovan_runtime_fail_in_the_banner_is_fatal():
     t = run_text(RUNTIME_FAIL)
     assert t.first_failure.id == "caovan-runtime-fail" and t.first_failure.line == 2

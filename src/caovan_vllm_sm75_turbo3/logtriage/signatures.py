@@ -331,6 +331,8 @@ SIGNATURES: tuple[Signature, ...] = (
         id="caovan-refused",
         title="our launcher refused to start",
         needles=("refused: ", "is on, but our GDN prefill cannot serve this process"),
+        shown=("the banner line `refused: <reason>`, "
+               "`require-turbo3 (...) is on, but our GDN prefill cannot serve this process: <reason>`"),
         confirm=re.compile(r"^refused: (?P<reason>.+)|require-turbo3 .*is on, but our GDN prefill cannot serve "
                            r"this process: (?P<why>.*)"),
         rule=Rule.FATAL, role=Role.CAUSE,

@@ -69,6 +69,9 @@ STATUS_MEANINGS: dict[tuple[str, str], str] = {
     ("flashinfer_sampler", "disabled-sm75-guard"): "FlashInfer sampler off by the SM75 guard (PyTorch sampler)",
     ("post_start_warmup", "disabled-default"): "no automatic warmup: run caovan-sm75-warmup after start",
     ("gdn_legacy", "disabled-by-user"): "vLLM's own GDN prefill kept (CAOVAN_GDN_LEGACY_DISABLE=1)",
+    ("gdn_legacy", "upstream"): "vLLM's own GDN prefill (ours is not active)",
+    ("turbo3", "active"): "our accelerated SM75 path is active",
+    ("turbo3", "inactive"): "our accelerated SM75 path is not active (guards only)",
 }
 
 
