@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from ..caches.layout import hold_in_use
 from ..config import load_settings
@@ -18,8 +19,6 @@ from ..policy.banner import banner_lines, worker_line
 from ..policy.plan import Plan
 from ..policy.vllm_args import read_vllm_args
 from .apply import APPLIED_MARK, Turbo3Refused, apply_env, plan_launch
-from .dispatch import install as install_gdn_dispatch
-from .turbo import install_turbo
 
 logger = logging.getLogger("caovan_vllm_sm75_turbo3")
 
@@ -36,6 +35,34 @@ def _show_through_vllm_logging() -> None:
         logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     logger.propagate = False
+
+
+# Variables torch writes into os.environ when vLLM imports it (its own default), so their
+# presence inside a vLLM process does not mean the user chose them.
+_WRITTEN_AT_IMPORT = ("TORCHINDUCTOR_CACHE_DIR",)
+
+
+def user_env(environ: Mapping[str, str], initial: Mapping[str, str] | None) -> dict[str, str]:
+    """The environment as the user gave it: `environ` less what a library set at import time.
+
+    `initial` is the environment this process started with (None when unknown: keep all).
+    """
+    out = dict(environ)
+    if initial is not None:
+        for var in _WRITTEN_AT_IMPORT:
+            if var not in initial:
+                out.pop(var, None)
+    return out
+
+
+def _initial_environ() -> dict[str, str] | None:
+    """This process's environment at exec time (Linux /proc), or None when unreadable."""
+    try:
+        raw = Path("/proc/self/environ").read_bytes()
+    except OSError:
+        return None
+    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
 
 
 def serve_args(argv: Sequence[str]) -> list[str]:
@@ -64,7 +91,7 @@ def apply_guards() -> Plan | None:
             logger.info("Caovan SM75 Turbo3: disabled by settings (enable=%s, mode=%s)",
                         settings.enable, settings.mode)
             return None
-        prepared = plan_launch(os.environ, args, write=True)
+        prepared = plan_launch(user_env(os.environ, _initial_environ()), args, write=True)
         plan = prepared.plan
         if plan.refusal is None and prepared.keydir:
             hold_in_use(prepared.keydir)  # held until this process ends: the cleaner sees the server
@@ -86,5 +113,3 @@ def register() -> None:
     _REGISTERED = True
     _show_through_vllm_logging()
     apply_guards()
-    install_turbo()   # every process that compiles Triton kernels needs the hook
-    install_gdn_dispatch()  # our GDN prefill, registered when vLLM imports its GDN layer

@@ -67,11 +67,12 @@ class Plan:
         (always None when the plugin is off: then vLLM runs untouched)."""
         if not self.active:
             return None
-        reasons = [f"runtime=FAIL: {c.name}: {c.detail}" + (f" ({c.remedy})" if c.remedy else "")
-                   for c in self.checks if c.status is Status.FAIL]
+        failed = [f"{c.name}: {c.detail}" + (f" ({c.remedy})" if c.remedy else "")
+                  for c in self.checks if c.status is Status.FAIL]
+        reasons = ["runtime=FAIL: " + "; ".join(failed)] if failed else []
         if self.refusal:
             reasons.append(self.refusal)
-        return "; ".join(reasons) or None
+        return ". ".join(reasons) or None
 
     def env_updates(self) -> dict[str, str]:
         """The variables to set (kept ones are already in the environment)."""
