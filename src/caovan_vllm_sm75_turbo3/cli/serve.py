@@ -49,8 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="plan with machine facts from this JSON file (caovan-sm75-doctor --json) instead of "
                         "probing this machine (also CAOVAN_FACTS)")
     p.add_argument("--profile", metavar="NAME",
-                   help="launch profile: a name, auto or none (also CAOVAN_PROFILE); profiles that fill "
-                        "vLLM arguments are not in this release")
+                   help="launch profile: a name, auto (match this machine and the model directory) or "
+                        "none (also CAOVAN_PROFILE); a profile fills only the vLLM arguments you did not give, "
+                        "each with its reason (see docs/profiles.md)")
     p.add_argument("--cache-dir", metavar="DIR",
                    help="root of the isolated JIT caches (also CAOVAN_CACHE_DIR; default "
                         "${XDG_CACHE_HOME:-$HOME/.cache}/caovan-sm75-turbo3)")
@@ -118,7 +119,8 @@ def main(argv: Sequence[str]) -> int:
     args = read_vllm_args(theirs)
     dry = opts.dry_run or opts.json
     cli = {"facts": opts.facts, "profile": opts.profile, "cache_dir": opts.cache_dir}
-    prepared = plan_launch(os.environ, args, cli, write=not dry, say=lambda s: print(s, flush=True))
+    prepared = plan_launch(os.environ, args, cli, write=not dry, say=lambda s: print(s, flush=True),
+                           fill_args=True)
     plan = prepared.plan
     if opts.json:
         print(json.dumps({**plan.to_dict(), "vllm_program": _program(), "dry_run": True}, indent=2))

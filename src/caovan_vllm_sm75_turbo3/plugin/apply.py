@@ -10,7 +10,7 @@ test-built once per key and toolchain.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, MutableMapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..caches.key import env_key
@@ -18,10 +18,13 @@ from ..caches.layout import KeyDir, cache_root, existing_keys, is_empty, prepare
 from ..config import Settings, load_settings
 from ..errors import CaovanError
 from ..policy.guards import CacheState
-from ..policy.plan import Plan, make_plan
+from ..policy.launch_fill import LaunchFill, fill_launch
+from ..policy.plan import FilledArg, Plan, make_plan
+from ..policy.profiles import load_table
 from ..policy.vllm_args import VllmArgs
 from ..runtime import flashinfer_probe as fp
 from ..runtime.facts import Facts
+from ..runtime.model import read_model
 from ..runtime.probe import load_facts
 
 # Set in the environment vLLM's processes inherit once the guards are applied, so that
@@ -52,11 +55,12 @@ def _cache_state(keydir: KeyDir) -> CacheState:
 
 
 def plan_launch(env: Mapping[str, str], args: VllmArgs, cli: Mapping[str, Any] | None = None, *,
-                write: bool, say: Callable[[str], None] = lambda _: None) -> Prepared:
+                write: bool, say: Callable[[str], None] = lambda _: None, fill_args: bool = False) -> Prepared:
     """Plan a launch for `args` in `env`. Raises CaovanError for bad settings or facts files.
 
     `cli` holds our own flags' values (setting name -> value, None when not given); `say`
-    receives progress lines for slow steps (the sampler test build).
+    receives progress lines for slow steps (the sampler test build); `fill_args` adds the
+    launch profile's vLLM arguments (only caovan-vllm-serve can: it builds vLLM's argv).
     """
     settings = load_settings(env, args.additional_config, cli)
     facts = load_facts(settings.facts, env)
@@ -65,7 +69,9 @@ def plan_launch(env: Mapping[str, str], args: VllmArgs, cli: Mapping[str, Any] |
         keydir = KeyDir(cache_root(settings.cache_dir, env), env_key(facts))
     # Read the cache before prepare() creates it, so the plan can tell a cold start.
     state = _cache_state(keydir) if keydir else None
-    plan = make_plan(facts, settings, env, args, state)
+    fill = _profile_fill(facts, settings, args) if fill_args and settings.active else None
+    filled = [FilledArg(a.flag, a.value, a.reason) for a in fill.args] if fill else []
+    plan = _with_fill(make_plan(facts, settings, env, args, state, filled_args=filled), fill)
     if plan.status.get("flashinfer_sampler") != "probe-pending":
         if write and keydir and plan.stop_reason() is None:
             prepare(keydir)
@@ -82,8 +88,21 @@ def plan_launch(env: Mapping[str, str], args: VllmArgs, cli: Mapping[str, Any] |
             if keydir:
                 fp.store(keydir.path, result)
     if result is not None:
-        plan = make_plan(facts, settings, env, args, state, result)
+        plan = _with_fill(make_plan(facts, settings, env, args, state, result, filled_args=filled), fill)
     return Prepared(plan, settings, facts, keydir)
+
+
+def _profile_fill(facts: Facts, settings: Settings, args: VllmArgs) -> LaunchFill:
+    """The launch profile's decisions for this machine and the model directory in `args`."""
+    model = read_model(args.model) if args.model else None
+    return fill_launch(facts, model, settings.profile, args, load_table())
+
+
+def _with_fill(plan: Plan, fill: LaunchFill | None) -> Plan:
+    """The plan with the profile's arithmetic and decisions as notes, and its warnings."""
+    if fill is None:
+        return plan
+    return replace(plan, notes=(*plan.notes, *fill.lines), warnings=(*plan.warnings, *fill.warnings))
 
 
 def apply_env(plan: Plan, environ: MutableMapping[str, str], applied_by: str) -> None:

@@ -160,7 +160,7 @@ def fill_launch(facts: Facts, model: ModelFacts | None, profile_setting: str, ar
                 table: ProfileTable) -> LaunchFill:
     """Decide the vLLM arguments to add for this machine and model (see the module doc)."""
     if profile_setting == "none":
-        return LaunchFill(None, lines=("profile=none: no vLLM argument is filled",))
+        return LaunchFill(None)  # the user's arguments only, nothing to explain
     if not facts.sm75_count:
         return LaunchFill(None, lines=("no SM75 GPU in the facts: no launch profile applies",))
     shape = model_shape(model.config) if model and model.config else None
@@ -183,8 +183,16 @@ def fill_launch(facts: Facts, model: ModelFacts | None, profile_setting: str, ar
     f.lines.append(f"profile: {profile.name} ({profile.source.kind}): {profile.source.detail}"
                    + (f" [{profile.source.where}]" if profile.source.where else ""))
     if shape is None:
+        # Without the model's shape only the hardware rules apply: heads, memory, MTP are unknown.
         f.warnings.append("the model's config.json could not be read (pass a local model directory): "
-                          "no model-dependent argument is filled")
+                          "only --dtype and the all-reduce rule are filled")
+        if launch.get("dtype"):
+            f.fill("--dtype", launch["dtype"], "Turing has no bf16: fp16 weights and activations")
+        tp_user = _int_value(f.user_value("--tensor-parallel-size")) or 1
+        if tp_user > 1 and not launch.get("custom_all_reduce", False):
+            f.fill("--disable-custom-all-reduce", None, f"TP {tp_user} over PCIe: vLLM's custom all-reduce "
+                   "cost 2-3 % decode on 2 x 2080 Ti")
+        return LaunchFill(profile.name, tuple(f.args), tuple(f.lines), tuple(f.warnings), None, setup)
 
     # Tensor parallel: the user's, else the profile's, else the largest that divides the heads.
     tp = _int_value(f.user_value("--tensor-parallel-size"))
