@@ -43,9 +43,10 @@ class KernelEntry:
 
 @dataclass(frozen=True)
 class Allowlist:
-    """All entries, looked up by function name."""
+    """All entries, looked up by function name; `rejected` lists kernels checked and left off, with why."""
 
     kernels: tuple[KernelEntry, ...]
+    rejected: tuple[Mapping[str, Any], ...] = ()
 
     def find(self, name: str, module: str) -> KernelEntry | None:
         """The entry for function `name` defined in `module`, or None."""
@@ -77,7 +78,7 @@ def parse_allowlist(data: Mapping[str, Any]) -> Allowlist:
                 evidence=dict(raw.get("evidence", {}))))
         except (KeyError, TypeError) as err:
             raise ValueError(f"{ALLOWLIST_FILE}: kernels[{i}] is malformed ({err})") from None
-    return Allowlist(kernels=tuple(entries))
+    return Allowlist(kernels=tuple(entries), rejected=tuple(dict(r) for r in data.get("rejected", [])))
 
 
 def load_allowlist() -> Allowlist:

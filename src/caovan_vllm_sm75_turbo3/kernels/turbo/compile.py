@@ -18,7 +18,7 @@ from .resources import entry_name, fma_count, mma_count, run_ptxas
 
 SM75 = 75
 
-__all__ = ["CompiledInfo", "TurboBuildError", "compile_for_sm75", "divisibility_attrs"]
+__all__ = ["CompiledInfo", "TurboBuildError", "compile_for_sm75", "divisibility_attrs", "jit_function"]
 
 
 @dataclass
@@ -39,11 +39,14 @@ class CompiledInfo:
     global_scratch_bytes: int = 0
     kernel: Any = None     # Triton's CompiledKernel (launchable on an sm_75 GPU)
 
+    def summary_numbers(self) -> dict[str, Any]:
+        """The resource numbers: shared_bytes, registers, spill_bytes, mma_count, fma_count."""
+        return {"shared_bytes": self.shared_bytes, "registers": self.registers,
+                "spill_bytes": self.spill_bytes, "mma_count": self.mma_count, "fma_count": self.fma_count}
+
     def summary(self) -> dict[str, Any]:
         """JSON-ready fields, without the binaries."""
-        return {"kernel": self.name, "build": self.build, "shared_bytes": self.shared_bytes,
-                "registers": self.registers, "spill_bytes": self.spill_bytes,
-                "mma_count": self.mma_count, "fma_count": self.fma_count, "num_warps": self.num_warps}
+        return {"kernel": self.name, "build": self.build, **self.summary_numbers(), "num_warps": self.num_warps}
 
 
 def divisibility_attrs(fn: Any, names: list[str] | tuple[str, ...]) -> dict[tuple[int, ...], list]:
@@ -51,7 +54,7 @@ def divisibility_attrs(fn: Any, names: list[str] | tuple[str, ...]) -> dict[tupl
     return {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in names}
 
 
-def _jit_function(fn: Any) -> Any:
+def jit_function(fn: Any) -> Any:
     """The JITFunction under @triton.autotune / @triton.heuristics wrappers."""
     from triton.runtime.jit import JITFunction
 
@@ -77,7 +80,7 @@ def compile_for_sm75(fn: Any, signature: Mapping[str, str], constexprs: Mapping[
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    jit = _jit_function(fn)
+    jit = jit_function(fn)
     src = ASTSource(fn=jit, signature=dict(signature), constexprs=dict(constexprs),
                     attrs=dict(attrs or {}))
     options = {"num_warps": num_warps, "num_stages": num_stages}

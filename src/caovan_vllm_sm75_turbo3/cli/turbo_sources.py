@@ -1,0 +1,143 @@
+"""The allowlisted kernels as installed here, and their offline sm_75 check, for the CLIs.
+
+Kernels are resolved from the modules the allowlist names (vLLM's FLA ops in the user's own
+vLLM), never from copies. On a machine without a GPU vLLM replaces Triton by a placeholder
+unless CUDA_VISIBLE_DEVICES is empty, so the import is done with it empty, and only then.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager, redirect_stdout
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import CaovanError
+from ..kernels.turbo.allowlist import KernelEntry, source_digest
+
+_PLACEHOLDER_SWITCH = "CUDA_VISIBLE_DEVICES"
+
+
+@contextmanager
+def _triton_importable_without_gpu() -> Iterator[None]:
+    """Let vllm.triton_utils keep the real Triton when no GPU driver is active (offline checks)."""
+    if "vllm.triton_utils" in sys.modules:
+        yield
+        return
+    if _has_active_driver():
+        with redirect_stdout(sys.stderr):
+            yield
+        return
+    before = os.environ.get(_PLACEHOLDER_SWITCH)
+    os.environ[_PLACEHOLDER_SWITCH] = ""   # vLLM then treats 0 drivers as a distributed-init state
+    try:
+        with redirect_stdout(sys.stderr):   # vLLM's log handler binds to stdout on import: keep --json clean
+            yield
+    finally:
+        if before is None:
+            os.environ.pop(_PLACEHOLDER_SWITCH, None)
+        else:
+            os.environ[_PLACEHOLDER_SWITCH] = before
+
+
+def _has_active_driver() -> bool:
+    try:
+        from triton.backends import backends
+        return any(b.driver and b.driver.is_active() for b in backends.values())
+    except Exception:
+        return False
+
+
+@dataclass
+class ResolvedKernel:
+    """An allowlist entry and the JITFunction it names in this environment."""
+
+    entry: KernelEntry
+    fn: Any
+    module: str
+    digest: str
+
+    @property
+    def source_verified(self) -> bool:
+        return not self.entry.source_sha256 or self.digest in self.entry.source_sha256
+
+
+def resolve(entry: KernelEntry) -> ResolvedKernel:
+    """Import the entry's kernel; CaovanError naming the modules when none of them has it."""
+    from ..kernels.turbo.compile import jit_function
+
+    errors = []
+    for module in entry.modules:
+        try:
+            with _triton_importable_without_gpu():
+                mod = importlib.import_module(module)
+            fn = jit_function(getattr(mod, entry.name))
+        except (ImportError, AttributeError, TypeError) as err:
+            errors.append(f"{module}: {type(err).__name__}: {err}")
+            continue
+        return ResolvedKernel(entry, fn, module, source_digest(fn.src))
+    raise CaovanError(f"allowlisted kernel {entry.name} is not importable here ({'; '.join(errors)}); "
+                      "is vLLM installed in this Python environment?")
+
+
+@dataclass
+class CheckRow:
+    """One kernel, config and build of the offline check."""
+
+    kernel: str
+    build: str
+    config: dict[str, Any]
+    shared_bytes: int | None = None
+    registers: int | None = None
+    spill_bytes: int | None = None
+    mma_count: int | None = None
+    fma_count: int | None = None
+    ok: bool = False
+    problems: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def check_configs(kernel: ResolvedKernel) -> Iterator[tuple[dict[str, Any], dict[str, Any], int]]:
+    """(config, constexprs, num_warps) for each verified config of the entry."""
+    base = dict(kernel.entry.check["constexprs"])
+    for cfg in kernel.entry.configs:
+        cx = dict(base)
+        cx.update({k: v for k, v in cfg.items() if k != "num_warps"})
+        yield dict(cfg), cx, int(cfg["num_warps"])
+
+
+def check_kernel(kernel: ResolvedKernel) -> list[CheckRow]:
+    """Compile each verified config plain and turbo for sm_75 and judge the turbo build."""
+    from ..kernels.turbo.compile import TurboBuildError, compile_for_sm75, divisibility_attrs
+    from ..policy.turbo import SM75_SHARED_LIMIT, judge_turbo_build
+
+    sig = dict(kernel.entry.check["signature"])
+    attrs = divisibility_attrs(kernel.fn, [n for n, t in sig.items() if t.startswith("*")])
+    rows = []
+    for cfg, cx, warps in check_configs(kernel):
+        plain = compile_for_sm75(kernel.fn, sig, cx, num_warps=warps, turbo=False, attrs=attrs)
+        rows.append(CheckRow(kernel.entry.name, "plain", cfg, **plain.summary_numbers(),
+                             ok=plain.shared_bytes <= SM75_SHARED_LIMIT,
+                             problems=[] if plain.shared_bytes <= SM75_SHARED_LIMIT else
+                             [f"shared memory {plain.shared_bytes} > {SM75_SHARED_LIMIT}"]))
+        row = CheckRow(kernel.entry.name, "turbo", cfg)
+        try:
+            turbo = compile_for_sm75(kernel.fn, sig, cx, num_warps=warps, turbo=True, attrs=attrs)
+        except TurboBuildError as err:
+            row.problems = [f"turbo build failed: {err}"]
+        else:
+            for k, v in turbo.summary_numbers().items():
+                setattr(row, k, v)
+            row.problems = judge_turbo_build(turbo.shared_bytes, turbo.spill_bytes, turbo.mma_count,
+                                             turbo.fma_count, plain.fma_count)
+        if not kernel.source_verified:
+            row.problems.append(f"source digest {kernel.digest} is not the verified "
+                                f"{', '.join(kernel.entry.source_sha256)} (auto mode builds it plain)")
+        row.ok = not row.problems
+        rows.append(row)
+    return rows
