@@ -146,9 +146,9 @@ def make_plan(facts: Facts, settings: Settings, env: Mapping[str, str], args: Vl
         elif facts.sm75_count and settings.mode == "auto" and not settings.gdn_legacy_disable:
             notes.append("accelerated path inactive, serving on vLLM's own kernels with the guards: "
                          + "; ".join(gdn.reasons))
-    if settings.profile != "none":
-        notes.append(f"profile={settings.profile} ({settings.source('profile')}): launch profiles are not in this "
-                     "plugin release yet, so no vLLM argument is filled; the user's arguments go to vLLM as given")
+    if settings.profile != "none" and not filled_args:
+        notes.append(f"profile={settings.profile} ({settings.source('profile')}): no vLLM argument filled here "
+                     "(launch profiles fill only in caovan-vllm-serve, only what the user did not give)")
     filled = []
     for f in filled_args:
         if args.given(f.flag):
