@@ -28,11 +28,13 @@ each program finds its sequence on the device.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
-from .configs import CHUNK, select
+from .configs import CHUNK, PrepConfig, StateConfig, select
 from .inputs import check_inputs
 from .reference import L2NORM_EPS
 
@@ -234,6 +236,30 @@ def _alloc(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
     return torch.empty(shape, dtype=dtype, device=device)
 
 
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Grids and pinned configs of one call, decided from shapes alone."""
+
+    prep: PrepConfig
+    state: StateConfig
+    prep_grid: tuple[int, int]
+    state_grid: tuple[int, int]
+
+
+def plan_launch(*, batch: int, tokens: int, value_heads: int, head_k: int, head_v: int, sequences: int,
+                cu_seqlens: torch.Tensor | None, chunk_indices: torch.Tensor | None) -> LaunchPlan:
+    """The launch for these shapes. Reads tensor shapes only, never values (no host sync)."""
+    prep_cfg, state_cfg = select(head_k, head_v, sequences, value_heads)
+    if cu_seqlens is None:
+        n_chunks = batch * triton.cdiv(tokens, CHUNK)
+    elif chunk_indices is not None:
+        n_chunks = chunk_indices.shape[0]
+    else:
+        n_chunks = triton.cdiv(tokens, CHUNK) + sequences  # sum(ceil(len_i / BT)) <= T / BT + N
+    return LaunchPlan(prep_cfg, state_cfg, (n_chunks, value_heads),
+                      (head_v // state_cfg.block_v, sequences * value_heads))
+
+
 def chunk_gated_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -267,7 +293,8 @@ def chunk_gated_delta_rule(
     del chunk_offsets  # part of vLLM's signature; this kernel has no use for it
     s = check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, chunk_indices, core_attn_out)
     B, T, H, HV, K, V, N = s.batch, s.tokens, s.key_heads, s.value_heads, s.head_k, s.head_v, s.sequences
-    prep_cfg, state_cfg = select(K, V, N, HV)
+    plan = plan_launch(batch=B, tokens=T, value_heads=HV, head_k=K, head_v=V, sequences=N,
+                       cu_seqlens=cu_seqlens, chunk_indices=chunk_indices)
     dev = q.device
     if scale is None:
         scale = K**-0.5
@@ -288,25 +315,19 @@ def chunk_gated_delta_rule(
     final_state = _alloc((N, HV, V, K), torch.float32, dev) if output_final_state else None
 
     is_varlen = cu_seqlens is not None
-    if not is_varlen:
-        n_chunks = B * triton.cdiv(T, CHUNK)
-    elif chunk_indices is not None:
-        n_chunks = chunk_indices.shape[0]
-    else:
-        n_chunks = triton.cdiv(T, CHUNK) + N  # sum(ceil(len_i / BT)) <= T / BT + N
-    if n_chunks == 0 or T == 0:
+    if T == 0 or plan.prep_grid[0] == 0:
         if final_state is not None:
             final_state.copy_(initial_state if initial_state is not None else torch.zeros_like(final_state))
         return o, final_state
-    _prep_kernel[(n_chunks, HV)](
+    _prep_kernel[plan.prep_grid](
         q, k, v, g, beta, w, u, qd, kd, o, cu_seqlens, chunk_indices, T, N, float(scale),
-        H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=prep_cfg.block_k, IS_VARLEN=is_varlen, HAS_CHUNK_INDICES=chunk_indices is not None,
-        USE_L2NORM=bool(use_qk_l2norm_in_kernel), EPS=L2NORM_EPS, num_warps=prep_cfg.num_warps, num_stages=1,
+        H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=plan.prep.block_k, IS_VARLEN=is_varlen, HAS_CHUNK_INDICES=chunk_indices is not None,
+        USE_L2NORM=bool(use_qk_l2norm_in_kernel), EPS=L2NORM_EPS, num_warps=plan.prep.num_warps, num_stages=1,
     )
-    _state_kernel[(V // state_cfg.block_v, N * HV)](
+    _state_kernel[plan.state_grid](
         w, u, qd, kd, g, o, initial_state, final_state, cu_seqlens, T,
-        HV=HV, K=K, V=V, BT=CHUNK, BV=state_cfg.block_v, IS_VARLEN=is_varlen,
+        HV=HV, K=K, V=V, BT=CHUNK, BV=plan.state.block_v, IS_VARLEN=is_varlen,
         USE_INITIAL_STATE=initial_state is not None, STORE_FINAL_STATE=final_state is not None,
-        num_warps=state_cfg.num_warps, num_stages=1,
+        num_warps=plan.state.num_warps, num_stages=1,
     )
     return o, final_state

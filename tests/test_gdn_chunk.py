@@ -1,0 +1,169 @@
+"""The chunked GDN prefill kernel against the float64 token-serial reference, on the CPU.
+
+Triton runs in its interpreter (TRITON_INTERPRET=1, set before the kernel module is imported).
+Every buffer the launcher allocates (output, intermediates, final state) and a given
+core_attn_out are filled with NaN first, so a row the kernels fail to write shows up; inputs are
+fresh random tensors each run. Error budget: ||out - ref|| / ||ref|| <= 5e-3 for the output and
+the final state (fp16 q/k/v and fp16 intermediates, fp32 state and accumulation; observed ~5e-4).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported by the kernel module
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from caovan_vllm_sm75_turbo3.errors import CaovanError
+from caovan_vllm_sm75_turbo3.kernels.gdn import GDNInputError, chunk, chunk_gated_delta_rule, gated_delta_rule_reference
+from caovan_vllm_sm75_turbo3.kernels.gdn.configs import CHUNK
+
+BUDGET = 5e-3
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # numpy, inside the Triton interpreter
+
+
+@pytest.fixture(autouse=True)
+def poisoned_buffers(monkeypatch):
+    """Make every launcher allocation start as NaN (or a huge value for integer buffers)."""
+    def nan_alloc(shape, dtype, device):
+        return torch.full(shape, float("nan"), dtype=dtype, device=device)
+    monkeypatch.setattr(chunk, "_alloc", nan_alloc)
+
+
+def _inputs(lens, B, H, HV, K, V, *, normalized, with_state):
+    T = sum(lens) if lens is not None else None
+    if lens is None:
+        raise AssertionError("lens required")
+    q = torch.randn(B, T, H, K)
+    k = torch.randn(B, T, H, K)
+    if normalized:  # vLLM normalises q and k before the call unless use_qk_l2norm_in_kernel
+        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+    else:
+        q, k = q * 0.7, k * 1.3
+    v = torch.randn(B, T, HV, V)
+    g = F.logsigmoid(torch.randn(B, T, HV) + 2.0)  # log-space decay in (-inf, 0)
+    beta = torch.rand(B, T, HV)
+    N = len(lens) if B == 1 else B
+    h0 = torch.randn(N, HV, V, K) * 0.5 if with_state else None
+    return q.half(), k.half(), v.half(), g.float(), beta.float(), h0
+
+
+def _cu(lens):
+    return torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32)
+
+
+def _chunk_indices(lens):
+    """vLLM's precomputed (sequence, chunk) pairs, written out plainly."""
+    pairs = [(n, c) for n, length in enumerate(lens) for c in range(-(-length // CHUNK))]
+    return torch.tensor(pairs, dtype=torch.int32).reshape(-1, 2)
+
+
+def _rel(out, ref):
+    assert not torch.isnan(out).any(), "NaN in the kernel's output"
+    return ((out.double() - ref).norm() / ref.norm()).item()
+
+
+CASES = [
+    # id, lens, H, HV, K, V, l2norm, state, final, chunk_indices, scale
+    ("edge-lengths-gqa1", [1, 64, 37, 133], 2, 2, 64, 64, False, True, True, True, None),
+    ("random-gqa2-l2norm-search", "random", 1, 2, 128, 128, True, False, True, False, None),
+    ("gqa3-k128-v64-no-final", "random", 1, 3, 128, 64, False, True, False, True, 0.3),
+    ("empty-sequence-k64-v128", [5, 0, 70], 1, 2, 64, 128, True, True, True, False, None),
+    ("one-exact-chunk-l2norm", [64], 2, 4, 128, 128, True, True, True, True, None),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_varlen_matches_reference(case):
+    _, lens, H, HV, K, V, l2norm, with_state, final, with_ci, scale = case
+    if lens == "random":
+        lens = torch.randint(1, 150, (3,)).tolist()
+    q, k, v, g, beta, h0 = _inputs(lens, 1, H, HV, K, V, normalized=not l2norm, with_state=with_state)
+    cu = _cu(lens)
+    ci = _chunk_indices(lens) if with_ci else None
+    o, st = chunk_gated_delta_rule(q, k, v, g, beta, scale=scale, initial_state=h0, output_final_state=final,
+                                   cu_seqlens=cu, chunk_indices=ci, use_qk_l2norm_in_kernel=l2norm)
+    ro, rs = gated_delta_rule_reference(q, k, v, g, beta, scale=scale, initial_state=h0, output_final_state=final,
+                                        cu_seqlens=cu, use_qk_l2norm_in_kernel=l2norm)
+    assert o.shape == (1, sum(lens), HV, V) and o.dtype == torch.float16
+    assert _rel(o, ro) <= BUDGET
+    if final:
+        assert st.shape == (len(lens), HV, V, K) and st.dtype == torch.float32
+        assert _rel(st, rs) <= BUDGET
+    else:
+        assert st is None
+
+
+@pytest.mark.parametrize("l2norm", [False, True])
+def test_batched_rows_without_cu_seqlens(l2norm):
+    q, k, v, g, beta, h0 = _inputs([70], 2, 2, 4, 64, 64, normalized=not l2norm, with_state=True)
+    o, st = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                   use_qk_l2norm_in_kernel=l2norm)
+    ro, rs = gated_delta_rule_reference(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                        use_qk_l2norm_in_kernel=l2norm)
+    assert _rel(o, ro) <= BUDGET and _rel(st, rs) <= BUDGET
+
+
+def test_core_attn_out_is_written_in_place():
+    lens = [3, 64, 20]
+    q, k, v, g, beta, h0 = _inputs(lens, 1, 1, 2, 64, 64, normalized=True, with_state=True)
+    T, HV, V = sum(lens), 2, 64
+    buf = torch.full((T + 5, HV, V), float("nan"), dtype=torch.float16)  # larger than needed, like vLLM's
+    o, st = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                   cu_seqlens=_cu(lens), core_attn_out=buf)
+    ro, _ = gated_delta_rule_reference(q, k, v, g, beta, initial_state=h0, cu_seqlens=_cu(lens))
+    assert o.data_ptr() == buf.data_ptr()
+    assert _rel(buf[:T].unsqueeze(0), ro) <= BUDGET
+    assert torch.isnan(buf[T:]).all(), "wrote past the output's elements"
+
+
+def test_sequences_are_independent():
+    """Each packed sequence gives what it gives alone (no state leaks across cu_seqlens)."""
+    lens = [40, 90]
+    q, k, v, g, beta, h0 = _inputs(lens, 1, 1, 1, 64, 64, normalized=True, with_state=True)
+    o, st = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=_cu(lens))
+    s = slice(40, 130)
+    o2, st2 = chunk_gated_delta_rule(q[:, s], k[:, s], v[:, s], g[:, s], beta[:, s], initial_state=h0[1:],
+                                     output_final_state=True, cu_seqlens=_cu([90]))
+    assert torch.equal(o[:, s], o2) and torch.equal(st[1:], st2)
+
+
+@pytest.mark.parametrize("change, words", [
+    (dict(K=96), "K=96"),
+    (dict(V=256), "V=256"),
+    (dict(HV=3, H=2), "multiple of key heads"),
+    (dict(dtype=torch.bfloat16), "float16"),
+])
+def test_refuses_what_it_does_not_support(change, words):
+    K, V, H, HV = change.get("K", 64), change.get("V", 64), change.get("H", 1), change.get("HV", 2)
+    dt = change.get("dtype", torch.float16)
+    q = torch.zeros(1, 8, H, K, dtype=dt)
+    v = torch.zeros(1, 8, HV, V, dtype=dt)
+    g = torch.zeros(1, 8, HV)
+    with pytest.raises(GDNInputError) as err:
+        chunk_gated_delta_rule(q, q.clone(), v, g, g.clone(), cu_seqlens=_cu([8]))
+    assert words in str(err.value) and isinstance(err.value, CaovanError)
+
+
+def test_refuses_mismatched_initial_state():
+    q, k, v, g, beta, _ = _inputs([5, 6], 1, 1, 1, 64, 64, normalized=True, with_state=False)
+    with pytest.raises(GDNInputError, match=r"initial_state must be \[N, HV, V, K\]"):
+        chunk_gated_delta_rule(q, k, v, g, beta, initial_state=torch.zeros(1, 1, 64, 64), cu_seqlens=_cu([5, 6]))
+
+
+def test_launch_plan_reads_no_tensor_values():
+    """Grids and configs come from shapes alone: on the meta device any value read would raise."""
+    meta = torch.device("meta")
+    T, HV = 300, 24
+    cu = torch.empty(9, dtype=torch.int32, device=meta)
+    plan = chunk.plan_launch(batch=1, tokens=T, value_heads=HV, head_k=128, head_v=128, sequences=8,
+                             cu_seqlens=cu, chunk_indices=None)
+    assert plan.prep_grid == (-(-T // CHUNK) + 8, HV)
+    ci = torch.empty(11, 2, dtype=torch.int32, device=meta)
+    plan = chunk.plan_launch(batch=1, tokens=T, value_heads=HV, head_k=128, head_v=128, sequences=8,
+                             cu_seqlens=cu, chunk_indices=ci)
+    assert plan.prep_grid == (11, HV)
+    assert plan.state_grid == (128 // plan.state.block_v, 8 * HV)
