@@ -38,6 +38,9 @@ MSG = "No available shared memory broadcast block found in 60 seconds."
     # journald
     (f"Dec 02 17:44:10 box vllm[812]: (Worker_TP0 pid=813) INFO 12-02 17:44:10 [shm_broadcast.py:681] {MSG}",
      "Worker_TP0", "INFO", "shm_broadcast.py:681"),
+    # vLLM <= 0.10 named workers "VllmWorker TP0"
+    (f"(VllmWorker TP0 pid=456) INFO 12-02 17:44:10 [shm_broadcast.py:681] {MSG}", "VllmWorker TP0", "INFO",
+     "shm_broadcast.py:681"),
     # uvicorn's own formatter
     ("(APIServer pid=7) INFO:     " + MSG, "APIServer", "INFO", None),
     (MSG, None, None, None),

@@ -55,6 +55,8 @@ FATAL_CASES = [
      ["--gpu-memory-utilization", "cudagraph_capture_sizes", "--enforce-eager"]),
     ("kv_cache_too_small.log", "cuda-oom", "KV cache is needed", ["--max-model-len 36608"]),
     ("host_oom_killed_during_load.log", "host-oom-kill", "'EngineCore': -9", ["swap"]),
+    # vLLM 0.34's format: the process prefix is part of the logger format, tracebacks come unprefixed
+    ("vllm034_worker_killed.log", "host-oom-kill", "died unexpectedly (exit code: -9)", ["swap"]),
 ]
 
 
@@ -190,6 +192,17 @@ def test_banner_logged_as_one_multi_line_vllm_record():
     assert t.caovan.status == {"runtime": "PASS", "sm75": "1/2", "gdn_legacy": "disabled-by-user"}
     assert "CAOVAN_GDN_LEGACY_DISABLE=1" in t.caovan.meanings()["gdn_legacy"]
     assert t.findings == []
+
+
+def test_vllm_034_log():
+    t = run("vllm034_worker_killed.log")
+    assert t.vllm_version == "0.34.0"
+    assert by_id(t)["flashinfer-sampler-fallback"] == "harmless"     # "...; falling back."
+    host = next(f for f in t.findings if f.id == "host-oom-kill")
+    assert host.phase == "load" and host.count == 2 and host.process == "EngineCore"
+    sampler_forced = run_text("RuntimeError: FlashInfer top-p/top-k sampling unavailable: unsupported compute "
+                              "capability 7.5. Unset VLLM_USE_FLASHINFER_SAMPLER=1.\n")
+    assert by_id(sampler_forced) == {"flashinfer-sampler-refused": "fatal"}
 
 
 def test_caovan_runtime_fail_in_the_banner_is_fatal():

@@ -30,8 +30,9 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 _OUTER_STAMP = re.compile(
     r"^(?:\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\s+"
     r"|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \S+ [^\s:\[]+(?:\[\d+\])?: )")
-# vllm/utils/system_utils.py `_add_prefix`: "(NAME pid=PID) "; Ray adds ", ip=...".
-_PROCESS = re.compile(r"^\((?P<proc>[A-Za-z_][\w.\-]*) pid=\d+(?:, ip=[^)]*)?\) ?")
+# "(NAME pid=PID) ": added to stdout/stderr by vllm/utils/system_utils.py `_add_prefix` (0.21), part of
+# the logger format itself in 0.34; older releases named workers "VllmWorker TP0"; Ray adds ", ip=...".
+_PROCESS = re.compile(r"^\((?P<proc>[A-Za-z_][\w.\- ]*?) pid=\d+(?:, ip=[^)]*)?\) ?")
 # vllm/logger.py: "%(levelname)s %(asctime)s [%(fileinfo)s:%(lineno)d] %(message)s", date "%m-%d %H:%M:%S".
 _VLLM_HEADER = re.compile(
     r"^(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)? "

@@ -171,11 +171,13 @@ SIGNATURES: tuple[Signature, ...] = (
         fix=("Run `caovan-sm75-doctor`: its nvcc/ptxas check names the mismatch. Put a CUDA toolkit "
              "matching torch's CUDA on PATH (or set CUDA_HOME), and start through `caovan-vllm-serve` "
              "so builds target sm_75 only (CAOVAN_ARCH_GUARD=1).")),
-    # vllm/v1/sample/ops/topk_topp_sampler.py, raised when the user forced the sampler on.
+    # vllm/v1/sample/ops/topk_topp_sampler.py, raised when the user forced the sampler on
+    # (0.34: "FlashInfer top-p/top-k sampling unavailable: <why>. Unset VLLM_USE_FLASHINFER_SAMPLER=1.").
     Signature(
         id="flashinfer-sampler-refused",
         title="FlashInfer sampler forced on for a GPU it does not support",
-        needles=("FlashInfer does not support compute capability",),
+        needles=("FlashInfer does not support compute capability", "FlashInfer top-p/top-k sampling unavailable:"),
+        confirm=re.compile(r"does not support compute capability|[Uu]nset VLLM_USE_FLASHINFER_SAMPLER=1"),
         rule=Rule.FATAL, role=Role.CAUSE,
         cause="VLLM_USE_FLASHINFER_SAMPLER=1 was set, and this vLLM refuses FlashInfer on this compute capability.",
         fix="Unset VLLM_USE_FLASHINFER_SAMPLER (or set it to 0). " + SAMPLER_FIX),
@@ -252,7 +254,8 @@ SIGNATURES: tuple[Signature, ...] = (
         }),
     # The kernel's OOM killer (SIGKILL = exit 137; vLLM reports -9 for the core process): shells
     # print "Killed", vllm/v1/engine/utils.py "Engine core initialization failed ... Failed core
-    # proc(s): {'EngineCore_DP0': -9}", dmesg "Out of memory: Killed process".
+    # proc(s): {'EngineCore_DP0': -9}", 0.34's multiproc_executor.py "Worker proc NAME died
+    # unexpectedly (exit code: -9)" and "died with exit code -9", dmesg "Out of memory: Killed process".
     Signature(
         id="host-oom-kill",
         shown=('a `Killed` line, `exited with code 137`, `Out of memory: Killed process`, '
@@ -261,7 +264,7 @@ SIGNATURES: tuple[Signature, ...] = (
         needles=("Killed", "137", "-9", "oom-kill", "oom_reaper"),
         confirm=re.compile(r"^Killed\b|\d+ Killed\s|[Oo]ut of memory: Killed process|\boom-kill\b|oom_reaper"
                            r"|exit(?:ed)?(?: with)?(?: exit)? (?:code|status)[ :=]*137\b"
-                           r"|Failed core proc\(s\): \{[^}]*: -9[,}]"),
+                           r"|Failed core proc\(s\): \{[^}]*: -9[,}]|\(exit code: -9\)|died with exit code -9\b"),
         rule=Rule.FATAL, role=Role.CAUSE,
         cause=("Host RAM (not GPU memory) ran out and the kernel killed the process (SIGKILL, exit 137). "
                "Loading weights passes them through RAM, more so with several TP workers loading at once: "
@@ -357,7 +360,8 @@ SIGNATURES: tuple[Signature, ...] = (
         id="flashinfer-sampler-fallback",
         title="FlashInfer sampler off, PyTorch sampler used",
         needles=("FlashInfer top-p/top-k sampling not supported on compute capability",
-                 "FlashInfer top-p/top-k sampling disabled via VLLM_USE_FLASHINFER_SAMPLER=0"),
+                 "FlashInfer top-p/top-k sampling disabled via VLLM_USE_FLASHINFER_SAMPLER=0",
+                 "FlashInfer top-p/top-k sampling unavailable:"),   # 0.34: "...; falling back."
         rule=Rule.HARMLESS, role=Role.CAUSE,
         cause="The sampler guard (or vLLM itself on this GPU) chose PyTorch's sampler: it works everywhere.",
         fix="Nothing to do. CAOVAN_FLASHINFER_SAMPLER=probe tries FlashInfer's (+15-20 % decode where it builds)."),

@@ -38,9 +38,10 @@ NOT_FAILURES = ("KeyboardInterrupt", "SystemExit", "CancelledError")
 # which is what keeps a 20 MB log at seconds.
 _NEEDLES: tuple[tuple[str, int], ...] = tuple((n, i) for i, sig in enumerate(SIGNATURES) for n in sig.needles)
 
-# Start-up phases, from vLLM 0.21's progress messages (later matches win).
+# Start-up phases, from vLLM 0.21's and 0.34's progress messages (later matches win).
 PHASE_MARKERS: tuple[tuple[str, str], ...] = (
     ("Starting to load model", "load"),
+    ("Loading model from scratch", "load"),                 # 0.34
     ("Loading safetensors checkpoint shards", "load"),
     ("Model loading took", "profile"),
     ("Available KV cache memory", "kv-cache"),
