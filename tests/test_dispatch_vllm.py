@@ -305,3 +305,36 @@ def test_a_changed_gdn_module_is_not_supported_and_vllm_still_imports_it(tmp_pat
     for part in ("ChunkGatedDeltaRule.__init__ requires ['backend']", "never selects self.forward_native",
                  "has no forward_native", "GatedDeltaNetAttention.__init__ does not build"):
         assert part in rec
+
+
+VERIFY = textwrap.dedent("""
+    import json, sys
+    import vllm.platforms as P
+    from vllm.platforms.cpu import CpuPlatform
+    P._current_platform = CpuPlatform()
+    from caovan_vllm_sm75_turbo3.plugin.dispatch import verify
+    rows = verify.verify_prefill((verify.PrefillCase((1, 64, 70), key_heads=1, value_heads=2, head_dim=64),))
+    print("OUT " + json.dumps([r.to_dict() for r in rows]))
+""")
+
+
+@pytest.mark.parametrize("disabled", [False, True])
+def test_verify_runs_our_prefill_through_the_dispatch_path(tmp_path, disabled):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CAOVAN_", "TRITON_"))}
+    env.update(CAOVAN_FACTS=str(FACTS), TRITON_INTERPRET="1", HOME=str(tmp_path),
+               CAOVAN_GDN_LEGACY_DISABLE="1" if disabled else "0")
+    r = subprocess.run([sys.executable, "-c", VERIFY], capture_output=True, text=True, timeout=540, env=env)
+    line = next((ln for ln in r.stdout.splitlines() if ln.startswith("OUT ")), None)
+    assert r.returncode == 0 and line, r.stdout[-2000:] + r.stderr[-4000:]
+    rows = json.loads(line[4:])
+    if disabled:
+        assert rows == [{"name": "gdn-dispatch", "status": "FAIL", "rel_err": None, "ms": None,
+                         "detail": rows[0]["detail"]}]
+        assert rows[0]["detail"].startswith("gdn_legacy=disabled-by-user interface=legacy-gdn-linear-attn-v020")
+        return
+    assert [r["name"] for r in rows] == ["gdn-dispatch", "gdn-prefill T=135 (3 seq) H=1 HV=2 D=64 vs float64",
+                                         "gdn-prefill T=135 (3 seq) H=1 HV=2 D=64 vs vLLM"]
+    assert rows[0]["status"] == "PASS" and rows[0]["detail"].startswith(
+        "gdn_legacy=legacy-gdn-linear-attn-v020 interface=legacy-gdn-linear-attn-v020 kernel=caovan-gdn-chunk")
+    assert rows[1]["status"] == "PASS" and 0 < rows[1]["rel_err"] <= 1e-2
+    assert rows[2]["status"] == "SKIP" and "no CUDA GPU" in rows[2]["detail"]

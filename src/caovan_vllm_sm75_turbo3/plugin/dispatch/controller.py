@@ -212,6 +212,8 @@ class Dispatch:
         if not settings.flashqla_precompile:
             why = (f"{sm75}; precompile off ({settings.source('flashqla_precompile')}): "
                    "the first prefill compiles")
+        elif vllm_config.model_config is None:  # an op built outside model construction (verify)
+            why = f"{sm75}; no model in vLLM's config, nothing to precompile"
         else:
             try:
                 shapes = model_shapes(vllm_config)
