@@ -17,14 +17,14 @@ every profile live here, not in the data:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..runtime.facts import Facts
 from ..runtime.model import ModelFacts, ModelShape, model_shape
 from . import vllm_versions as vv
 from .memory_plan import MemoryInputs, MemoryPlan, plan_memory
-from .profiles import Profile, ProfileTable, Setup, matches, select, setup_of
+from .profiles import ProfileTable, Setup, matches, select, setup_of
 from .vllm_args import VllmArgs
 
 KV_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}  # anything else: the fp16 model dtype, 2 bytes
