@@ -49,6 +49,9 @@ def test_field_launch_on_2x22g_vllm021():
     assert all(a.reason for a in r.args)
     assert any(line.startswith("memory: KV per token per GPU") for line in r.lines)
     assert any("field-report" in line for line in r.lines)
+    model_line = next(line for line in r.lines if line.startswith("model: "))
+    assert "16 full attention, 48 linear attention" in model_line and "15 MTP weights" in model_line
+    assert "awq 4-bit" in model_line and "19.5 GB" in model_line
 
 
 @pytest.mark.parametrize("vllm,kv,backend,mamba", [

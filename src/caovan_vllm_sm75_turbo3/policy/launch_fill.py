@@ -156,6 +156,18 @@ def _user_speculative(f: _Filler) -> int | None:
     return _int_value(n)
 
 
+def _model_line(shape: ModelShape, model: ModelFacts, family: str | None) -> str:
+    """What was read from the model directory, in one line."""
+    quant = f"{shape.quant_method} {shape.quant_bits or '?'}-bit" if shape.quant_method else "not quantised"
+    size = f"{model.size_bytes / 1e9:.1f} GB" if model.size_bytes else "size unknown"
+    mtp = ("no weight index" if model.mtp_weights is None
+           else f"{model.mtp_weights} MTP weights" if model.mtp_weights else "no MTP weights")
+    return (f"model: {shape.architecture} ({family or 'no profile family'}), {shape.num_layers} layers "
+            f"({shape.full_attention_layers} full attention, {shape.linear_attention_layers} linear attention), "
+            f"{shape.num_attention_heads} query / {shape.num_kv_heads} KV heads of {shape.head_dim}, "
+            f"{shape.mtp_layers} MTP layer(s) declared, {mtp}, {quant}, checkpoint {size}")
+
+
 def fill_launch(facts: Facts, model: ModelFacts | None, profile_setting: str, args: VllmArgs,
                 table: ProfileTable) -> LaunchFill:
     """Decide the vLLM arguments to add for this machine and model (see the module doc)."""
@@ -182,6 +194,8 @@ def fill_launch(facts: Facts, model: ModelFacts | None, profile_setting: str, ar
     launch = profile.launch
     f.lines.append(f"profile: {profile.name} ({profile.source.kind}): {profile.source.detail}"
                    + (f" [{profile.source.where}]" if profile.source.where else ""))
+    if shape is not None and model is not None:
+        f.lines.append(_model_line(shape, model, setup.family))
     if shape is None:
         # Without the model's shape only the hardware rules apply: heads, memory, MTP are unknown.
         f.warnings.append("the model's config.json could not be read (pass a local model directory): "
