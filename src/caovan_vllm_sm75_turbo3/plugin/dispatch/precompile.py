@@ -118,8 +118,8 @@ def _inputs(shapes: ModelShapes, lengths: tuple[int, ...], device: Any, gen: Any
     T, H, HV, K, V = sum(lengths), shapes.key_heads, shapes.value_heads, shapes.head_k, shapes.head_v
     dtype = getattr(torch, shapes.dtype)
 
-    def randn(*size: int) -> Any:
-        return torch.randn(*size, generator=gen, dtype=torch.float32)
+    def randn(*size: int) -> Any:  # explicit device/dtype: vLLM builds models under its own defaults
+        return torch.randn(*size, generator=gen, dtype=torch.float32, device="cpu")
 
     q = torch.nn.functional.normalize(randn(1, T, H, K), dim=-1)
     k = torch.nn.functional.normalize(randn(1, T, H, K), dim=-1)
@@ -177,7 +177,8 @@ def precompile(kernel: Callable[..., Any], reference: Callable[..., Any], shapes
             raise PrecompileError(f"launch for {what} left NaN/inf in the output or final state")
         if batch.check:
             cpu = {n: t.cpu() for n, t in x.items()}
-            ref_o, ref_s = reference(**cpu, output_final_state=True)
+            with torch.device("cpu"):  # the reference allocates with the default device
+                ref_o, ref_s = reference(**cpu, output_final_state=True)
             err_o, err_s = _rel_err(o, ref_o), _rel_err(final, ref_s)
             worst = max(worst, err_o, err_s)
             if not (err_o <= SELF_CHECK_RTOL and err_s <= SELF_CHECK_RTOL):

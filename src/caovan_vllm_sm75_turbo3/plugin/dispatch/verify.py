@@ -142,7 +142,8 @@ def verify_prefill(cases: tuple[PrefillCase, ...] = DEFAULT_CASES, env: Mapping[
             rows.append(PrefillResult(f"gdn-prefill {case.label} vs float64", FAIL,
                                       f"our kernel raised {type(err).__name__}: {err}"))
             continue
-        ref_o, ref_s = gated_delta_rule_reference(**{n: t.cpu() for n, t in x.items()}, output_final_state=True)
+        with torch.device("cpu"):
+            ref_o, ref_s = gated_delta_rule_reference(**{n: t.cpu() for n, t in x.items()}, output_final_state=True)
         err = max(_rel(core.unsqueeze(0), ref_o), _rel(s, ref_s))
         rows.append(PrefillResult(f"gdn-prefill {case.label} vs float64", PASS if err <= SELF_CHECK_RTOL else FAIL,
                                   f"relative error {err:.2e} (budget {SELF_CHECK_RTOL:.0e}), ours {ms:.2f} ms",
