@@ -262,8 +262,10 @@ def test_unknown_layout_in_a_fake_vllm_tree_is_one_line_and_never_a_crash(tmp_pa
         assert error == "ERROR none"
 
 
-def test_a_changed_gdn_module_is_not_supported_and_vllm_still_imports_it(tmp_path):
-    """The module is where 0.21 has it, but its op lost what we rely on: vLLM's path, one line."""
+@pytest.mark.parametrize("require", [False, True])
+def test_a_changed_gdn_module_is_not_supported_and_vllm_still_imports_it(tmp_path, require):
+    """The module is where 0.21 has it, but its op lost what we rely on: vLLM's path, one line;
+    with require-turbo3 the import (that is, vLLM's model construction) stops with the reason."""
     fake = tmp_path / "fake"
     mamba = fake / "vllm/model_executor/layers/mamba"
     mamba.mkdir(parents=True)
@@ -288,15 +290,22 @@ def test_a_changed_gdn_module_is_not_supported_and_vllm_still_imports_it(tmp_pat
         logging.getLogger("caovan_vllm_sm75_turbo3").setLevel(logging.INFO)
         from caovan_vllm_sm75_turbo3.plugin import dispatch
         dispatch.install()
-        import vllm.model_executor.layers.mamba.gdn_linear_attn as m
-        print("LOADED", m.LOADED)
+        try:
+            import vllm.model_executor.layers.mamba.gdn_linear_attn as m
+            print("LOADED", m.LOADED)
+        except dispatch.DispatchError as err:
+            print("REFUSED", err)
         for r in records: print("REC", r)
     """)
     env = {k: v for k, v in os.environ.items() if not k.startswith("CAOVAN_")}
-    env.update(PYTHONPATH=str(fake), CAOVAN_FACTS=str(FACTS))
+    env.update(PYTHONPATH=str(fake), CAOVAN_FACTS=str(FACTS), CAOVAN_REQUIRE_TURBO3="1" if require else "0")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "LOADED True" in r.stdout
+    if require:
+        assert ("REFUSED require-turbo3 (env CAOVAN_REQUIRE_TURBO3) is on, but our GDN prefill cannot serve this "
+                "process: vLLM's vllm/model_executor/layers/mamba/gdn_linear_attn.py does not match") in r.stdout
+    else:
+        assert "LOADED True" in r.stdout
     [rec] = [ln[4:] for ln in r.stdout.splitlines() if ln.startswith("REC ")]
     assert rec.startswith(f"Caovan SM75 Turbo3 GDN prefill: gdn_legacy=upstream interface={IFACE} "
                           "kernel=vllm-upstream why=not supported: vLLM's "
