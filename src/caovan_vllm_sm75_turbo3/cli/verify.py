@@ -1,0 +1,116 @@
+"""`caovan-sm75-verify`: the Turbo numeric checks on this machine's own Turing GPU, in under a minute.
+
+Each allowlisted kernel is compiled for sm_75 twice (turbo and plain Triton), launched on fresh
+random inputs at Qwen3.6-27B TP2 shapes with NaN-poisoned outputs, and compared with a float64
+reference. PASS needs no NaN and a turbo error at most twice the plain build's. Exit 0 all PASS,
+1 a FAIL, 2 no SM75 GPU here (or bad input).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from .. import __version__
+from ..errors import CaovanError
+from .common import run_cli
+
+PROG = "caovan-sm75-verify"
+ERROR_RATIO_MAX = 2.0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Check the Turbo (tensor-core) builds of the allowlisted Triton kernels against float64 "
+                    "references on this machine's SM75 GPU: PASS/FAIL per kernel, in under a minute.",
+        epilog="Exit codes: 0 all PASS, 1 a kernel FAILs, 2 no SM75 GPU visible or bad input.")
+    p.add_argument("--device", type=int, default=0, metavar="N", help="CUDA device index (default 0)")
+    p.add_argument("--json", action="store_true", help="print one JSON object with a row per kernel and shape")
+    p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    return p
+
+
+def _sm75_device(index: int) -> Any:
+    """The torch device for `index`, or CaovanError(exit 2) when it is not a visible SM75 GPU."""
+    from ..runtime.probe import probe_gpus
+
+    gpus, _, _ = probe_gpus(os.environ, [])
+    if not gpus:
+        raise CaovanError("no NVIDIA GPU is visible on this machine; caovan-sm75-verify needs the Turing "
+                          "card it checks (run caovan-sm75-kernels check for the offline compile check).")
+    if index >= len(gpus) or not gpus[index].is_sm75:
+        have = ", ".join(f"{g.index}: {g.name} ({g.compute_capability})" for g in gpus)
+        raise CaovanError(f"--device {index} is not a visible SM75 GPU (visible: {have}).")
+    import torch
+
+    return torch.device("cuda", index)
+
+
+def _run_case(kernel: Any, entry: Any, cfg: dict, cx: dict, warps: int, packing: Any, device: Any,
+              gen: Any) -> dict[str, Any]:
+    from ..kernels.turbo import cases as C
+    from ..kernels.turbo.compile import compile_for_sm75, divisibility_attrs
+
+    sig = dict(entry.check["signature"])
+    attrs = divisibility_attrs(kernel.fn, [n for n, t in sig.items() if t.startswith("*")])
+    case = C.CASES[entry.numeric](packing, device, gen, cfg)
+    refs = case.reference()
+    row: dict[str, Any] = {"kernel": entry.name, "config": cfg, "tokens": case.tokens}
+    for build in ("turbo", "plain"):
+        info = compile_for_sm75(kernel.fn, sig, cx, num_warps=warps, turbo=build == "turbo", attrs=attrs)
+        for t in case.outputs.values():
+            t.fill_(float("nan"))
+        info.kernel[case.grid](*[case.args[n] for n in kernel.fn.arg_names])
+        import torch
+
+        torch.cuda.synchronize(device)
+        errs = C.compare(case, refs)
+        row[f"{build}_err"] = max(errs.values())
+    te, pe = row["turbo_err"], row["plain_err"]
+    row["ok"] = te == te and pe == pe and te <= ERROR_RATIO_MAX * pe
+    return row
+
+
+def main(argv: Sequence[str]) -> int:
+    args = build_parser().parse_args(argv)
+    device = _sm75_device(args.device)
+    import torch
+
+    from ..kernels.turbo import cases as C
+    from ..kernels.turbo.allowlist import load_allowlist
+    from .turbo_sources import check_configs, resolve
+
+    torch.cuda.set_device(device)
+    gen = torch.Generator(device=device)
+    gen.manual_seed(int.from_bytes(os.urandom(4), "little"))   # fresh inputs on every run
+    start, rows = time.time(), []
+    for entry in load_allowlist().kernels:
+        kernel = resolve(entry)
+        cfg, cx, warps = next(iter(check_configs(kernel)))     # one verified config per kernel
+        for packing in C.packings("quick"):
+            rows.append(_run_case(kernel, entry, cfg, cx, warps, packing, device, gen))
+    ok = all(r["ok"] for r in rows)
+    if args.json:
+        print(json.dumps({"card": torch.cuda.get_device_name(device), "ok": ok, "rows": rows}, indent=1))
+    else:
+        print(f"{torch.cuda.get_device_name(device)}: {len(rows)} checks in {time.time() - start:.0f} s")
+        for name in dict.fromkeys(r["kernel"] for r in rows):
+            mine = [r for r in rows if r["kernel"] == name]
+            worst = max(mine, key=lambda r: (not r["ok"], r["turbo_err"] / r["plain_err"] if r["plain_err"] else 0))
+            print(f"{'PASS' if all(r['ok'] for r in mine) else 'FAIL'}  {name}  turbo err {worst['turbo_err']:.2e}, "
+                  f"plain err {worst['plain_err']:.2e} (T={worst['tokens']})")
+    return 0 if ok else 1
+
+
+def entry() -> None:
+    """Console-script entry point."""
+    raise SystemExit(run_cli(PROG, main))
+
+
+if __name__ == "__main__":
+    entry()
