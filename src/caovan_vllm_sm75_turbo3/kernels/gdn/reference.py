@@ -50,19 +50,21 @@ def gated_delta_rule_reference(
     else:
         bounds = [int(x) for x in cu_seqlens.tolist()]
         spans = [(0, bounds[n], bounds[n + 1]) for n in range(len(bounds) - 1)]
-    o = torch.zeros(B, T, HV, V, dtype=torch.float64)
-    final = torch.zeros(len(spans), HV, V, K, dtype=torch.float64)
+    dev = q.device
+    kv_head = torch.arange(HV, device=dev) // (HV // H)  # value head i reads key head i // (HV // H)
+    o = torch.zeros(B, T, HV, V, dtype=torch.float64, device=dev)
+    final = torch.zeros(len(spans), HV, V, K, dtype=torch.float64, device=dev)
     for n, (b, start, end) in enumerate(spans):
-        for hv in range(HV):
-            hk = hv // (HV // H)
-            if initial_state is not None:
-                s = initial_state[n, hv].double().clone()
-            else:
-                s = torch.zeros(V, K, dtype=torch.float64)
-            for t in range(start, end):
-                kt, vt = k64[b, t, hk], v64[b, t, hv]
-                s = s * torch.exp(g64[b, t, hv])
-                s = s + b64[b, t, hv] * torch.outer(vt - s @ kt, kt)
-                o[b, t, hv] = scale * (s @ q64[b, t, hk])
-            final[n, hv] = s
+        # All value heads at once; tokens strictly one after another.
+        if initial_state is not None:
+            s = initial_state[n].double().clone()
+        else:
+            s = torch.zeros(HV, V, K, dtype=torch.float64, device=dev)
+        for t in range(start, end):
+            kt, qt = k64[b, t, kv_head], q64[b, t, kv_head]  # [HV, K]
+            s = s * torch.exp(g64[b, t])[:, None, None]
+            err = v64[b, t] - torch.einsum("hvk,hk->hv", s, kt)
+            s = s + b64[b, t][:, None, None] * err[:, :, None] * kt[:, None, :]
+            o[b, t] = scale * torch.einsum("hvk,hk->hv", s, qt)
+        final[n] = s
     return o, (final if output_final_state else None)
