@@ -23,7 +23,7 @@ def test_the_allowlist_names_the_vllm_fla_gdn_kernels() -> None:
     assert {"recompute_w_u_fwd_kernel", "chunk_gated_delta_rule_fwd_kernel_h_blockdim64",
             "chunk_fwd_kernel_o"} <= names
     for e in ENTRIES:
-        assert e.configs and e.triton_versions and e.evidence.get("compile"), e.name
+        assert e.configs and e.triton_versions and e.evidence.get("compile") and e.evidence.get("numeric"), e.name
 
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=lambda e: e.name)
