@@ -214,7 +214,7 @@ def test_precompile_rejects_a_kernel_that_computes_wrong_numbers():
         o, s = chunk_gated_delta_rule(**kw)
         o.mul_(1.05)
         return o, s
-    with pytest.raises(PrecompileError, match=r"self-check against the float64 reference failed for 3 sequence"):
+    with pytest.raises(PrecompileError, match=r"precompile self-check against the float64 reference failed for 3 sequence"):
         _run_precompile(off_by_five_percent)
 
 

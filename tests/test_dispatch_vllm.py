@@ -136,8 +136,8 @@ def scenario(tmp_path: Path, *, head_dim: int = 64, loads: int = 1, fresh_plugin
              additional_config: dict | None = None, **env: str) -> dict:
     full = {k: v for k, v in os.environ.items()
             if not k.startswith(("CAOVAN_", "VLLM_", "TRITON_", "TORCH", "FLASHINFER_", "CUDA_CACHE", "_CAOVAN"))}
-    full.update(HOME=str(tmp_path / "home"), CAOVAN_FACTS=str(FACTS), CAOVAN_CACHE_DIR=str(tmp_path / "cache"),
-                TRITON_INTERPRET="1", VLLM_WORKER_MULTIPROC_METHOD="spawn", **env)
+    full.update({"HOME": str(tmp_path / "home"), "CAOVAN_FACTS": str(FACTS), "TRITON_INTERPRET": "1",
+                 "CAOVAN_CACHE_DIR": str(tmp_path / "cache"), "VLLM_WORKER_MULTIPROC_METHOD": "spawn", **env})
     full["TEST_SCENARIO"] = json.dumps({
         "model": str(_model_dir(tmp_path, head_dim)), "loads": loads, "fresh_plugin_state": fresh_plugin_state,
         "forward": forward, "lengths": list(lengths), "tokens": tokens, "port": _free_port(),
@@ -185,26 +185,41 @@ def test_disable_from_additional_config_reaches_the_worker_side_decision(tmp_pat
     assert "gdn_legacy=disabled-by-user" in line and "additional-config caovan_gdn_legacy_disable" in line
 
 
-def test_failing_precompile_falls_back_with_the_exact_line(tmp_path):
-    out = scenario(tmp_path, head_dim=96)  # our kernel refuses head dim 96 (64 and 128 only)
+def test_a_model_our_kernel_refuses_falls_back_with_the_exact_line(tmp_path):
+    out = scenario(tmp_path, head_dim=96)  # our kernel takes head dims 64 and 128 only
     assert "build_error" not in out, out
     failed = [r for r in out["records"] if r.startswith("Caovan SM75 Turbo3 dispatch failed")]
-    assert len(failed) == 1, out["records"]
-    assert failed[0].startswith(f"Caovan SM75 Turbo3 dispatch failed on interface {IFACE}: precompile: launch for 1 "
-                                "sequence(s), 128 tokens (H=2 HV=4 K=96 V=96 ")
-    assert "GDNInputError: head dims K=96, V=96 are not supported" in failed[0]
+    assert failed == [f"Caovan SM75 Turbo3 dispatch failed on interface {IFACE}: our kernel does not take this "
+                      "model (H=2 HV=4 K=96 V=96 TP=1 max-num-batched-tokens=128 max-num-seqs=4 float16): "
+                      "head dims K=96, V=96 are not supported: K and V must each be one of (64, 128)"]
     # vLLM's own kernel serves every layer of this process
     assert out["forward_method"] == out["same_method_for_second"] == "forward_native"
     [line] = state_lines(out)
     assert line.startswith(f"Caovan SM75 Turbo3 GDN prefill: gdn_legacy=upstream interface={IFACE} "
-                           "kernel=vllm-fla-triton why=dispatch failed: precompile: ")
+                           "kernel=vllm-fla-triton why=dispatch failed: our kernel does not take this model")
+
+
+def test_failing_precompile_launch_falls_back_with_the_exact_line(tmp_path):
+    # Without Triton's interpreter this GPU-less machine cannot launch a Triton kernel: a real
+    # launch failure, the CPU's stand-in for e.g. `CUDA error: invalid resource handle`.
+    out = scenario(tmp_path, TRITON_INTERPRET="0")
+    assert "build_error" not in out, out
+    failed = [r for r in out["records"] if r.startswith("Caovan SM75 Turbo3 dispatch failed")]
+    assert len(failed) == 1, out["records"]
+    assert failed[0].startswith(f"Caovan SM75 Turbo3 dispatch failed on interface {IFACE}: precompile launch for 1 "
+                                "sequence(s), 128 tokens (H=2 HV=4 K=64 V=64 TP=1 max-num-batched-tokens=128 "
+                                "max-num-seqs=4 float16) raised ")
+    assert out["forward_method"] == out["same_method_for_second"] == "forward_native"
+    [line] = state_lines(out)
+    assert line.startswith(f"Caovan SM75 Turbo3 GDN prefill: gdn_legacy=upstream interface={IFACE} "
+                           "kernel=vllm-fla-triton why=dispatch failed: precompile launch for 1 sequence(s)")
 
 
 def test_failing_precompile_with_require_turbo3_refuses(tmp_path):
-    out = scenario(tmp_path, head_dim=96, additional_config={"caovan_require_turbo3": True})
+    out = scenario(tmp_path, TRITON_INTERPRET="0", additional_config={"caovan_require_turbo3": True})
     assert out["build_error"].startswith(
         "DispatchError: require-turbo3 (additional-config caovan_require_turbo3) is on, but our GDN prefill "
-        "cannot serve this process: precompile: launch for 1 sequence(s)")
+        "cannot serve this process: precompile launch for 1 sequence(s)")
     assert any(r.startswith(f"Caovan SM75 Turbo3 dispatch failed on interface {IFACE}: ") for r in out["records"])
 
 

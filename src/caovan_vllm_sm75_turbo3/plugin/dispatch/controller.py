@@ -33,7 +33,7 @@ from ...runtime.probe import load_facts
 from . import legacy_gdn_v020, modular_qwen_gdn_v022, replacement
 from .after_import import call_after_import
 from .interface import GdnInterface, check_sources, module_file
-from .precompile import PrecompileError, model_shapes, precompile
+from .precompile import PrecompileError, model_shapes, precompile, static_check
 from .state import DISABLED, LOG_PREFIX, UPSTREAM, UPSTREAM_KERNEL, DispatchState, failure_line
 
 logger = logging.getLogger("caovan_vllm_sm75_turbo3")
@@ -194,6 +194,7 @@ class Dispatch:
 
             from ...kernels.gdn import chunk_gated_delta_rule, gated_delta_rule_reference
             from ...kernels.gdn.configs import CHUNK, shape_class
+            from ...kernels.gdn.inputs import check_inputs
 
             if torch.cuda.is_available():
                 device = torch.device("cuda", torch.cuda.current_device())
@@ -209,21 +210,24 @@ class Dispatch:
                       replacement.upstream_kernel(op))
             return None
         sm75 = f"{self.facts.sm75_count} SM75 GPU(s)" if self.facts else "SM75"
-        if not settings.flashqla_precompile:
-            why = (f"{sm75}; precompile off ({settings.source('flashqla_precompile')}): "
-                   "the first prefill compiles")
-        elif vllm_config.model_config is None:  # an op built outside model construction (verify)
+        if vllm_config.model_config is None:  # an op built outside model construction (verify)
             why = f"{sm75}; no model in vLLM's config, nothing to precompile"
         else:
             try:
                 shapes = model_shapes(vllm_config)
-                report = precompile(chunk_gated_delta_rule, gated_delta_rule_reference, shapes,
-                                    shape_class, CHUNK, device)
+                static_check(shapes, check_inputs)  # also when precompile is off
+                if settings.flashqla_precompile:
+                    report = precompile(chunk_gated_delta_rule, gated_delta_rule_reference, shapes,
+                                        shape_class, CHUNK, device)
             except PrecompileError as err:
-                self.fail(settings, f"precompile: {err}", replacement.upstream_kernel(op))
+                self.fail(settings, str(err), replacement.upstream_kernel(op))
                 return None
-            why = (f"{sm75}; precompiled {report.launches} launches for {shapes.describe()} in "
-                   f"{report.seconds:.1f} s; self-check rel. error {report.max_rel_err:.1e}")
+            if settings.flashqla_precompile:
+                why = (f"{sm75}; precompiled {report.launches} launches for {shapes.describe()} in "
+                       f"{report.seconds:.1f} s; self-check rel. error {report.max_rel_err:.1e}")
+            else:
+                why = (f"{sm75}; precompile off ({settings.source('flashqla_precompile')}): "
+                       "the first prefill compiles")
         self.say(DispatchState(name, name, KERNEL, why))
         return chunk_gated_delta_rule
 

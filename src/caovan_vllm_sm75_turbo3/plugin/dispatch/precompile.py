@@ -84,6 +84,28 @@ def model_shapes(vllm_config: Any) -> ModelShapes:
                        int(sched.max_num_batched_tokens), int(sched.max_num_seqs), dtype)
 
 
+def static_check(shapes: ModelShapes, check_inputs: Callable[..., Any]) -> None:
+    """The kernel's own argument check on shape-only ("meta") tensors of this model's shapes:
+    refuses what the kernel would refuse (head dims, dtype, GQA ratio) without compiling anything."""
+    import torch
+
+    meta, T, N = torch.device("meta"), 64, 1
+    try:
+        dtype = getattr(torch, shapes.dtype)
+    except AttributeError:
+        raise PrecompileError(f"unknown model dtype {shapes.dtype!r}") from None
+
+    def t(*size: int, dt: Any = dtype) -> Any:
+        return torch.empty(*size, dtype=dt, device=meta)
+    H, HV, K, V = shapes.key_heads, shapes.value_heads, shapes.head_k, shapes.head_v
+    try:
+        check_inputs(t(1, T, H, K), t(1, T, H, K), t(1, T, HV, V), t(1, T, HV, dt=torch.float32),
+                     t(1, T, HV, dt=torch.float32), t(N, HV, V, K, dt=torch.float32),
+                     t(N + 1, dt=torch.int32), None, None)
+    except Exception as err:
+        raise PrecompileError(f"our kernel does not take this model ({shapes.describe()}): {err}") from err
+
+
 def plan_batches(shapes: ModelShapes, shape_class: Callable[[int, int], str]) -> list[Batch]:
     """The launches that compile every variant vLLM can reach, the self-check batch last.
 
@@ -171,10 +193,10 @@ def precompile(kernel: Callable[..., Any], reference: Callable[..., Any], shapes
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
         except Exception as err:  # the reason goes into the one failure line
-            raise PrecompileError(f"launch for {what} ({shapes.describe()}) raised "
+            raise PrecompileError(f"precompile launch for {what} ({shapes.describe()}) raised "
                                   f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from err
         if not (torch.isfinite(out).all() and torch.isfinite(final).all()):
-            raise PrecompileError(f"launch for {what} left NaN/inf in the output or final state")
+            raise PrecompileError(f"precompile launch for {what} left NaN/inf in the output or final state")
         if batch.check:
             cpu = {n: t.cpu() for n, t in x.items()}
             with torch.device("cpu"):  # the reference allocates with the default device
@@ -183,6 +205,6 @@ def precompile(kernel: Callable[..., Any], reference: Callable[..., Any], shapes
             worst = max(worst, err_o, err_s)
             if not (err_o <= SELF_CHECK_RTOL and err_s <= SELF_CHECK_RTOL):
                 raise PrecompileError(
-                    f"self-check against the float64 reference failed for {what}: relative error "
+                    f"precompile self-check against the float64 reference failed for {what}: relative error "
                     f"output {err_o:.2e}, final state {err_s:.2e} (budget {SELF_CHECK_RTOL:.0e})")
     return Report(len(batches), time.monotonic() - start, worst)
