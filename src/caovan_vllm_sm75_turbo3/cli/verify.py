@@ -2,8 +2,9 @@
 
 Each allowlisted kernel is compiled for sm_75 twice (turbo and plain Triton), launched on fresh
 random inputs at Qwen3.6-27B TP2 shapes with NaN-poisoned outputs, and compared with a float64
-reference. PASS needs no NaN and a turbo error at most twice the plain build's. Exit 0 all PASS,
-1 a FAIL, 2 no SM75 GPU here (or bad input).
+reference. PASS needs no NaN and a turbo error at most twice the plain build's. Then our GDN
+prefill runs through the same dispatch path as in vLLM (plugin/dispatch/verify.py), against the
+float64 reference and vLLM's own kernel. Exit 0 all PASS, 1 a FAIL, 2 no SM75 GPU here (or bad input).
 """
 
 from __future__ import annotations
@@ -94,9 +95,13 @@ def main(argv: Sequence[str]) -> int:
         cfg, cx, warps = next(iter(check_configs(kernel)))     # one verified config per kernel
         for packing in C.packings("quick"):
             rows.append(_run_case(kernel, entry, cfg, cx, warps, packing, device, gen))
-    ok = all(r["ok"] for r in rows)
+    from ..plugin.dispatch.verify import FAIL, verify_prefill
+
+    gdn = verify_prefill(device=device)
+    ok = all(r["ok"] for r in rows) and all(g.status != FAIL for g in gdn)
     if args.json:
-        print(json.dumps({"card": torch.cuda.get_device_name(device), "ok": ok, "rows": rows}, indent=1))
+        print(json.dumps({"card": torch.cuda.get_device_name(device), "ok": ok, "rows": rows,
+                          "gdn_prefill": [g.to_dict() for g in gdn]}, indent=1))
     else:
         print(f"{torch.cuda.get_device_name(device)}: {len(rows)} checks in {time.time() - start:.0f} s")
         for name in dict.fromkeys(r["kernel"] for r in rows):
@@ -104,6 +109,8 @@ def main(argv: Sequence[str]) -> int:
             worst = max(mine, key=lambda r: (not r["ok"], r["turbo_err"] / r["plain_err"] if r["plain_err"] else 0))
             print(f"{'PASS' if all(r['ok'] for r in mine) else 'FAIL'}  {name}  turbo err {worst['turbo_err']:.2e}, "
                   f"plain err {worst['plain_err']:.2e} (T={worst['tokens']})")
+        for g in gdn:
+            print(f"{g.status}  {g.name}  {g.detail}")
     return 0 if ok else 1
 
 
