@@ -265,3 +265,17 @@ def test_the_launchers_prediction_uses_the_dispatch_words():
     assert gdn_state(facts, load_settings({})).line == LEGACY.name  # what the worker logs when active
     assert gdn_state(facts, load_settings({"CAOVAN_GDN_LEGACY_DISABLE": "1"})).line == DISABLED
     assert gdn_state(facts, load_settings({"CAOVAN_MODE": "guards"})).line == UPSTREAM
+
+
+def test_an_unexpected_error_while_deciding_falls_back_instead_of_breaking_model_construction(caplog):
+    from caovan_vllm_sm75_turbo3.plugin.dispatch.controller import Dispatch
+
+    env = {"CAOVAN_FACTS": str(ROOT / "examples" / "2x2080ti-22g.json")}
+    d = Dispatch(load_settings(env), env, interface=LEGACY, facts=Facts.load(env["CAOVAN_FACTS"]))
+    with caplog.at_level("INFO", logger="caovan_vllm_sm75_turbo3"):
+        assert d.take_over(SimpleNamespace()) is None  # not an op vLLM would build: something raises
+        assert d.take_over(SimpleNamespace()) is None  # decided once; no second attempt
+    failed = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Caovan SM75 Turbo3 dispatch failed")]
+    assert len(failed) == 1 and failed[0].startswith(
+        "Caovan SM75 Turbo3 dispatch failed on interface legacy-gdn-linear-attn-v020: deciding raised ")
+    assert d.state is not None and d.state.status == UPSTREAM

@@ -166,7 +166,13 @@ class Dispatch:
         """Our kernel for this op instance, or None for vLLM's own (the first call decides)."""
         if not self.decided:
             self.decided = True
-            self.kernel = self._decide(op)
+            try:
+                self.kernel = self._decide(op)
+            except DispatchError:
+                raise
+            except Exception as err:  # model construction must go on, on vLLM's own kernel
+                self.kernel = None
+                self.fail(self.settings, f"deciding raised {_first_line(err)}", replacement.upstream_kernel(op))
         return self.kernel
 
     def _decide(self, op: Any) -> Callable[..., Any] | None:
