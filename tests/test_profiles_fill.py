@@ -84,6 +84,12 @@ def test_user_values_are_kept_and_drive_the_arithmetic():
     assert got["--max-num-seqs"].isdigit()
 
 
+def test_enforce_eager_gets_no_compilation_config():
+    r = fill(facts_for(), "--enforce-eager")
+    assert "--compilation-config" not in filled(r) and "--speculative-config" in filled(r)
+    assert any("--enforce-eager given" in line for line in r.lines)
+
+
 def test_user_bf16_and_fp8_on_new_release_warn_but_stay():
     r = fill(facts_for("0.26.0"), "--dtype", "bfloat16", "--kv-cache-dtype", "fp8")
     assert "--dtype" not in filled(r) and "--kv-cache-dtype" not in filled(r)

@@ -264,7 +264,7 @@ def fill_launch(facts: Facts, model: ModelFacts | None, profile_setting: str, ar
         f.lines.append("kept: --speculative-config as given (draft tokens unreadable, the memory plan assumes none)")
     elif draft is not None:
         f.lines.append(f"kept: --speculative-config as given ({draft} draft tokens)")
-    elif want and shape is not None:
+    elif want:
         method = family.speculative_method if family else None
         if model is None or not model.has_mtp_weights:
             declared = f"the config declares {shape.mtp_layers} MTP layer(s) but " if shape.mtp_layers else ""
@@ -290,7 +290,7 @@ def fill_launch(facts: Facts, model: ModelFacts | None, profile_setting: str, ar
     seqs_user = _int_value(f.user_value("--max-num-seqs"))
     len_user = _int_value(f.user_value("--max-model-len"))
     memory = None
-    if shape is not None and setup.gpu_memory_mib is not None:
+    if setup.gpu_memory_mib is not None:
         caps = [c for c in (launch.get("max_model_len_cap"), shape.max_position_embeddings) if c]
         memory = plan_memory(shape, MemoryInputs(
             gpu_memory_mib=setup.gpu_memory_mib, tensor_parallel=tp, gpu_memory_utilization=util,
@@ -322,11 +322,13 @@ def fill_launch(facts: Facts, model: ModelFacts | None, profile_setting: str, ar
         f.fill("--enable-prefix-caching", None, "reuse the cache of shared prompt prefixes (chat history, tools)")
     prefix_on = prefix_user is True or isinstance(prefix_user, str) or (
         prefix_user is None and bool(launch.get("prefix_caching")))
-    if shape is not None and shape.is_hybrid and prefix_on and mamba_align_effective(version):
+    if shape.is_hybrid and prefix_on and mamba_align_effective(version):
         f.fill("--mamba-cache-mode", "align", f"prefix caching on a hybrid GDN model needs align mode in vLLM {version}")
 
     # CUDA graphs: PIECEWISE with MTP on hybrid models.
-    if draft and shape is not None and shape.is_hybrid:
+    if draft and shape.is_hybrid and f.user_value("--enforce-eager") is True:
+        f.lines.append("cuda graphs: none (--enforce-eager given), so no compilation config is filled")
+    elif draft and shape.is_hybrid:
         mode = launch.get("cudagraph_mode", "PIECEWISE")
         sizes = capture_sizes(seqs_eff, draft)
         if f.given(COMPILATION):
