@@ -161,6 +161,8 @@ def test_plan_covers_each_reachable_state_config_and_ends_with_the_check():
     eight = plan_batches(_shapes(max_num_seqs=8), shape_class)
     assert [len(b.lengths) for b in eight] == [1, 6, 3]  # 6 x 24 = 144 pairs: the first "many"
     assert sum(eight[1].lengths) == 8192 and shape_class(6, 24) != shape_class(5, 24)
+    whole_context = plan_batches(_shapes(max_num_batched_tokens=262144, max_num_seqs=8), shape_class)
+    assert [sum(b.lengths) for b in whole_context[:2]] == [16384, 16384]  # capped (MAX_LAUNCH_TOKENS)
     small = plan_batches(_shapes(max_num_batched_tokens=100), shape_class)
     assert small[-1] == Batch((1, 64), False, check=True)  # the check never exceeds one step
 

@@ -4,7 +4,8 @@ The first `ChunkGatedDeltaRule` built in a process calls `precompile` (model con
 before the profile run and CUDA-graph capture). It reads the shapes from vLLM's config, launches
 our kernel once for every compiled variant vLLM's calls can reach (packed sequences with and
 without vLLM's `chunk_indices`, each state-kernel shape class up to max-num-seqs, and one launch
-at max-num-batched-tokens) so Triton compiles them now into the isolated cache, then checks one
+at max-num-batched-tokens, at most MAX_LAUNCH_TOKENS) so Triton compiles them now into the
+isolated cache, then checks one
 packed batch (1-token, exact-chunk and ragged sequences, initial state) against the float64
 reference. Any exception or a wrong number is a `PrecompileError`.
 """
@@ -22,6 +23,10 @@ from ...errors import CaovanError
 # fp16 q/k/v and output against a float64 oracle; the kernel keeps state and products in fp32.
 SELF_CHECK_RTOL = 1e-2
 SELF_CHECK_LENGTHS = (1, 64, 67)  # a 1-token sequence, exactly one chunk, and a ragged one
+# The kernels are not specialised on the token count (Triton's do_not_specialize), so a longer
+# launch compiles nothing new; the cap keeps the temporary buffers near 1 GiB even when
+# max-num-batched-tokens is the whole context (chunked prefill off), before weights are loaded.
+MAX_LAUNCH_TOKENS = 16384
 _CONFIG_FIELDS = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
                   "linear_value_head_dim")
 
@@ -111,7 +116,7 @@ def plan_batches(shapes: ModelShapes, shape_class: Callable[[int, int], str]) ->
 
     `shape_class(num_sequences, value_heads)` is the kernel's own config selector.
     """
-    tokens = shapes.max_num_batched_tokens
+    tokens = min(shapes.max_num_batched_tokens, MAX_LAUNCH_TOKENS)
     batches = [Batch((tokens,), chunk_indices=True)]  # the longest prompt one step can hold
     seen = {shape_class(1, shapes.value_heads)}
     for n in range(2, min(shapes.max_num_seqs, tokens) + 1):
@@ -207,4 +212,6 @@ def precompile(kernel: Callable[..., Any], reference: Callable[..., Any], shapes
                 raise PrecompileError(
                     f"precompile self-check against the float64 reference failed for {what}: relative error "
                     f"output {err_o:.2e}, final state {err_s:.2e} (budget {SELF_CHECK_RTOL:.0e})")
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # give the buffers back before vLLM measures memory
     return Report(len(batches), time.monotonic() - start, worst)
