@@ -47,7 +47,6 @@ FEATURES: tuple[ReleaseFeature, ...] = (
     ReleaseFeature("arg:--mamba-cache-mode", None, None, "mamba cache mode flag"),
     ReleaseFeature("mamba-align-for-prefix-cache", None, "0.33",
                    "--mamba-cache-mode align is needed for prefix caching on hybrid models"),
-    ReleaseFeature("spec-method:qwen3_5_mtp", None, "0.21", "the qwen3_5_mtp method name (mapped to mtp)"),
     ReleaseFeature("arg-deprecated:--mamba-cache-mode", "0.33", None,
                    "--mamba-cache-mode is deprecated and has no effect (mamba prefix caching follows "
                    "--enable-prefix-caching), read from 0.33.0's arg_utils.py"),
