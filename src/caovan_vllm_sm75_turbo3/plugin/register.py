@@ -19,6 +19,8 @@ from ..policy.banner import banner_lines, worker_line
 from ..policy.plan import Plan
 from ..policy.vllm_args import read_vllm_args
 from .apply import APPLIED_MARK, Turbo3Refused, apply_env, plan_launch
+from .dispatch import install as install_gdn_dispatch
+from .turbo import install_turbo
 
 logger = logging.getLogger("caovan_vllm_sm75_turbo3")
 
@@ -113,3 +115,5 @@ def register() -> None:
     _REGISTERED = True
     _show_through_vllm_logging()
     apply_guards()
+    install_turbo()   # every process that compiles Triton kernels needs the hook
+    install_gdn_dispatch()  # our GDN prefill, registered when vLLM imports its GDN layer
