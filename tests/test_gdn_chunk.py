@@ -69,8 +69,8 @@ def _rel(out, ref):
 CASES = [
     # id, lens, H, HV, K, V, l2norm, state, final, chunk_indices, scale
     ("edge-lengths-gqa1", [1, 64, 37, 133], 2, 2, 64, 64, False, True, True, True, None),
-    ("random-gqa2-l2norm-search", "random", 1, 2, 128, 128, True, False, True, False, None),
-    ("gqa3-k128-v64-no-final", "random", 1, 3, 128, 64, False, True, False, True, 0.3),
+    ("random-gqa2-l2norm-search", "random", 2, 4, 128, 128, True, False, True, False, None),
+    ("gqa3-k128-v64-no-final", "random", 2, 6, 128, 64, False, True, False, True, 0.3),
     ("empty-sequence-k64-v128", [5, 0, 70], 1, 2, 64, 128, True, True, True, False, None),
     ("one-exact-chunk-l2norm", [64], 2, 4, 128, 128, True, True, True, True, None),
 ]
