@@ -10,16 +10,17 @@ Per value head and chunk of BT=64 tokens, with gamma the in-chunk cumulative log
     S <- e^(gamma_last) S + delta^T diag(e^(gamma_last - gamma)) K
 
 1. `_prep_kernel`: one program per (chunk, value head), all chunks in parallel. It does every
-   step that does not need S (the 64x64 solve, W, U, Q', O_intra) and writes W, U, Q' and the
-   decayed keys in fp16 (as FLA stores w and u), O_intra straight into the output.
+   step that does not need S (T by forward substitution, W, U, Q', O_intra) and writes W, U, Q'
+   and the decayed keys in fp16 (as FLA stores w and u), O_intra straight into the output.
 2. `_state_kernel`: one program per (value slice, sequence, value head). The state slice [K, BV]
-   stays in registers across all chunks; per chunk three tensor-core products. Neither the
-   per-chunk states nor delta (FLA's v_new) ever go to memory.
+   stays in registers across all chunks; per chunk and 64-row half of K, three tensor-core
+   products. Neither the per-chunk states nor delta (FLA's v_new) ever go to memory.
 
-Fusing step 1 into step 2 would keep W/U on chip as well, but then the solve runs serially
-chunk after chunk in few programs; on a long prompt (one sequence, 24 heads) the parallel prep
-is the faster split. All matrix products take fp16 operands and accumulate in fp32, so a
-planned-as-sm_80 build rewritten for sm_75 (kernels/turbo) runs them on tensor cores.
+Fusing step 1 into step 2 would keep W/U on chip as well, but the solve would then run serially
+chunk after chunk in few programs; for a long prompt (one sequence, 24 heads) the parallel prep
+should be the faster split (the fused variant was not built). All matrix products take fp16
+operands and accumulate in fp32, so a planned-as-sm_80 build rewritten for sm_75
+(kernels/turbo) runs them on tensor cores. Measured cost split: benchmarks/RESULTS.md.
 
 Packed sequences (`cu_seqlens`) need no host synchronisation: the prep grid is sized from T and
 N (or from vLLM's precomputed `chunk_indices`), programs past the last chunk do nothing, and
