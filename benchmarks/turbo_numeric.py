@@ -44,18 +44,21 @@ def prepare() -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from caovan_vllm_sm75_turbo3.cli.turbo_sources import check_configs, resolve
+    from caovan_vllm_sm75_turbo3.cli.turbo_sources import check_builds, resolve
     from caovan_vllm_sm75_turbo3.kernels.turbo.allowlist import load_allowlist
     from caovan_vllm_sm75_turbo3.kernels.turbo.compile import compile_for_sm75, divisibility_attrs
 
     ART.mkdir(exist_ok=True)
     meta = {"triton": triton.__version__, "native_arch": NATIVE_ARCH, "timed": TIMED, "kernels": {}}
+    from caovan_vllm_sm75_turbo3.kernels.turbo.cases import CASES
+
     for entry in load_allowlist().kernels:
+        if entry.numeric not in CASES:   # our own GDN kernels: benchmarks/gdn_prefill.py
+            continue
         kernel = resolve(entry)
-        sig = dict(entry.check["signature"])
-        attrs = divisibility_attrs(kernel.fn, [n for n, t in sig.items() if t.startswith("*")])
         builds = []
-        for cfg, cx, warps in check_configs(kernel):
+        for cfg, sig, cx, warps in check_builds(kernel):
+            attrs = divisibility_attrs(kernel.fn, [n for n, t in sig.items() if t.startswith("*")])
             for build in ("turbo", "plain", "native"):
                 if build == "native":
                     if cfg != TIMED[entry.name]:

@@ -65,18 +65,23 @@ def main(argv: Sequence[str]) -> int:
         return 2
     from ..errors import CaovanError
     from ..kernels.turbo.allowlist import load_allowlist
-    from .turbo_sources import check_kernel, resolve
+    from .turbo_sources import check_kernel, resolve, unlisted_specs
 
     allow = load_allowlist()
     entries = [e for e in allow.kernels if not args.kernel or e.name in args.kernel]
     if args.kernel and len(entries) != len(set(args.kernel)):
         known = ", ".join(e.name for e in allow.kernels)
         raise CaovanError(f"--kernel {', '.join(args.kernel)}: not all are allowlisted; allowlisted: {known}")
-    rows = [row for e in entries for row in check_kernel(resolve(e))]
+    rows, notes = [], []
+    for e in entries:
+        kernel = resolve(e)
+        rows += check_kernel(kernel)
+        notes += [{"name": f"{e.name} ({spec})", "reason": "pinned config not on the allowlist: builds plain"}
+                  for spec in unlisted_specs(kernel)]
     if args.json:
         print(json.dumps([r.to_dict() for r in rows], indent=1))
     else:
-        print_table(rows, list(allow.rejected) if not args.kernel else [])
+        print_table(rows, notes + (list(allow.rejected) if not args.kernel else []))
     return 0 if all(r.ok for r in rows) else 1
 
 

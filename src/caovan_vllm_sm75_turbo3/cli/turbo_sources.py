@@ -102,13 +102,38 @@ class CheckRow:
         return dict(self.__dict__)
 
 
-def check_configs(kernel: ResolvedKernel) -> Iterator[tuple[dict[str, Any], dict[str, Any], int]]:
-    """(config, constexprs, num_warps) for each verified config of the entry."""
-    base = dict(kernel.entry.check["constexprs"])
+def check_builds(kernel: ResolvedKernel) -> Iterator[tuple[dict[str, Any], dict[str, str], dict[str, Any], int]]:
+    """(config, signature, constexprs, num_warps) of each build the check compiles for the entry.
+
+    The entry's `check` either gives one `signature` and base `constexprs` (each verified config
+    adds its own), or names a `specs` provider ("module:function") returning objects with `fn`,
+    `name`, `signature`, `constexprs` and `num_warps`, as our own kernels pin them.
+    """
+    check = kernel.entry.check
+    if "specs" in check:
+        for spec in _pinned_specs(kernel, listed=True):
+            yield ({"spec": spec.name, "num_warps": spec.num_warps}, dict(spec.signature),
+                   dict(spec.constexprs), int(spec.num_warps))
+        return
+    base = dict(check["constexprs"])
     for cfg in kernel.entry.configs:
         cx = dict(base)
         cx.update({k: v for k, v in cfg.items() if k != "num_warps"})
-        yield dict(cfg), cx, int(cfg["num_warps"])
+        yield dict(cfg), dict(check["signature"]), cx, int(cfg["num_warps"])
+
+
+def _pinned_specs(kernel: ResolvedKernel, *, listed: bool) -> list[Any]:
+    """The entry's pinned specs whose config the allowlist lists (or, listed=False, does not)."""
+    module, func = kernel.entry.check["specs"].split(":")
+    with _triton_importable_without_gpu():
+        specs = getattr(importlib.import_module(module), func)()
+    return [s for s in specs if getattr(s.fn, "__name__", None) == kernel.entry.name
+            and kernel.entry.config_matches(s.constexprs, s.num_warps) == listed]
+
+
+def unlisted_specs(kernel: ResolvedKernel) -> list[str]:
+    """Names of pinned specs of this kernel that the allowlist leaves out (they build plain)."""
+    return [s.name for s in _pinned_specs(kernel, listed=False)] if "specs" in kernel.entry.check else []
 
 
 def check_kernel(kernel: ResolvedKernel) -> list[CheckRow]:
@@ -116,10 +141,9 @@ def check_kernel(kernel: ResolvedKernel) -> list[CheckRow]:
     from ..kernels.turbo.compile import TurboBuildError, compile_for_sm75, divisibility_attrs
     from ..policy.turbo import SM75_SHARED_LIMIT, judge_turbo_build
 
-    sig = dict(kernel.entry.check["signature"])
-    attrs = divisibility_attrs(kernel.fn, [n for n, t in sig.items() if t.startswith("*")])
     rows = []
-    for cfg, cx, warps in check_configs(kernel):
+    for cfg, sig, cx, warps in check_builds(kernel):
+        attrs = divisibility_attrs(kernel.fn, [n for n, t in sig.items() if t.startswith("*")])
         plain = compile_for_sm75(kernel.fn, sig, cx, num_warps=warps, turbo=False, attrs=attrs)
         rows.append(CheckRow(kernel.entry.name, "plain", cfg, **plain.summary_numbers(),
                              ok=plain.shared_bytes <= SM75_SHARED_LIMIT,
