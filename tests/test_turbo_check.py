@@ -9,6 +9,10 @@ import sys
 
 import pytest
 
+from turbo_isolation import in_clean_child
+
+pytestmark = in_clean_child
+
 pytest.importorskip("triton")
 pytest.importorskip("vllm")
 

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from turbo_isolation import in_clean_child
+
+pytestmark = in_clean_child
+
 pytest.importorskip("triton")
 
 from caovan_vllm_sm75_turbo3.kernels.turbo.compile import (  # noqa: E402
-    TurboBuildError, compile_for_sm75, divisibility_attrs)
+    TurboBuildError, compile_for_sm75, divisibility_attrs, jit_function)
 
 from turbo_kernels import DOT_SIG, TF32_SIG, tf32_dot_kernel, tile_dot_kernel  # noqa: E402
 
@@ -15,7 +19,7 @@ TILE = {"BM": 64, "BN": 64, "BK": 32}
 
 
 def test_plain_sm75_dot_is_fma_and_turbo_is_mma() -> None:
-    attrs = divisibility_attrs(tile_dot_kernel, ["a_ptr", "b_ptr", "c_ptr", "N", "K"])
+    attrs = divisibility_attrs(jit_function(tile_dot_kernel), ["a_ptr", "b_ptr", "c_ptr", "N", "K"])
     plain = compile_for_sm75(tile_dot_kernel, DOT_SIG, TILE, num_warps=4, turbo=False, attrs=attrs)
     turbo = compile_for_sm75(tile_dot_kernel, DOT_SIG, TILE, num_warps=4, turbo=True, attrs=attrs)
     assert plain.build == "plain" and turbo.build == "turbo"

@@ -9,12 +9,17 @@ import re
 
 import pytest
 
+from turbo_isolation import in_clean_child
+
+pytestmark = in_clean_child
+
 triton = pytest.importorskip("triton")
 
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from caovan_vllm_sm75_turbo3.kernels.turbo import pipeline  # noqa: E402
+from caovan_vllm_sm75_turbo3.kernels.turbo.compile import jit_function  # noqa: E402
 from caovan_vllm_sm75_turbo3.kernels.turbo.allowlist import (  # noqa: E402
     Allowlist, load_allowlist, parse_allowlist, source_digest)
 from caovan_vllm_sm75_turbo3.kernels.turbo.hook import AllowlistSelector, current_hook, installed  # noqa: E402
@@ -26,20 +31,26 @@ TILE = {"BM": 64, "BN": 64, "BK": 32}
 
 
 @pytest.fixture(autouse=True)
+def _no_interpreter(monkeypatch):
+    """Triton cannot compile while TRITON_INTERPRET=1 (another test module may set it)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+
+
+@pytest.fixture(autouse=True)
 def fresh_triton_cache(tmp_path, monkeypatch):
     """Each test compiles for real: a cache hit would skip the stages the hook changes."""
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
 
 
 def _compile(num_warps: int = 4, tile: dict | None = None):
-    src = ASTSource(tile_dot_kernel, DOT_SIG, tile or TILE)
+    src = ASTSource(jit_function(tile_dot_kernel), DOT_SIG, tile or TILE)
     return triton.compile(src, target=GPUTarget("cuda", 75, 32), options={"num_warps": num_warps})
 
 
 def _allow(configs=({"BM": 64, "num_warps": 4},), digest: str | None = None, versions=("3.6",)) -> Allowlist:
     return parse_allowlist({"kernels": [{
         "name": "tile_dot_kernel", "modules": ["turbo_kernels"],
-        "source_sha256": [digest or source_digest(tile_dot_kernel.src)],
+        "source_sha256": [digest or source_digest(jit_function(tile_dot_kernel).src)],
         "triton_versions": list(versions), "configs": list(configs), "check": {}}]})
 
 

@@ -6,6 +6,10 @@ import re
 
 import pytest
 
+from turbo_isolation import in_clean_child
+
+pytestmark = in_clean_child
+
 from caovan_vllm_sm75_turbo3.kernels.turbo.rewrite import TurboRewriteError, rewrite_ptx
 
 triton = pytest.importorskip("triton")
@@ -13,16 +17,24 @@ triton = pytest.importorskip("triton")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from caovan_vllm_sm75_turbo3.kernels.turbo.compile import jit_function  # noqa: E402
+
 from turbo_kernels import DOT_SIG, tile_dot_kernel  # noqa: E402
 
 K16 = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
 K8 = "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32"
 
 
+@pytest.fixture(autouse=True)
+def _no_interpreter(monkeypatch):
+    """Triton cannot compile while TRITON_INTERPRET=1 (another test module may set it)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+
+
 @pytest.fixture(scope="module")
 def sm80_ptx() -> str:
     """Triton's PTX for a 64x64x32 fp16 tile when planned for sm_80 with one stage."""
-    src = ASTSource(tile_dot_kernel, DOT_SIG, {"BM": 64, "BN": 64, "BK": 32})
+    src = ASTSource(jit_function(tile_dot_kernel), DOT_SIG, {"BM": 64, "BN": 64, "BK": 32})
     k = triton.compile(src, target=GPUTarget("cuda", 80, 32), options={"num_warps": 4, "num_stages": 1})
     return k.asm["ptx"]
 

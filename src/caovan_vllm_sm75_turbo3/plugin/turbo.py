@@ -35,7 +35,7 @@ def install_turbo() -> str:
             install(AllowlistSelector(load_allowlist(), triton.__version__, strict=decision.strict))
         # Quiet when all is as expected: each kernel's first turbo build (or fallback) is logged
         # by the hook. Say it only when the user asked for turbo and it is not what they get.
-        if settings.turbo == "on" and (not decision.install or not decision.strict and "unverified" in decision.line):
+        if settings.turbo == "on" and decision.line != "on":
             logger.warning("Caovan SM75 Turbo3: turbo=%s (%s)", decision.line, decision.reason)
         return decision.line
     except Exception as err:  # the plugin must not take vLLM down: Triton then builds plain

@@ -55,11 +55,18 @@ def divisibility_attrs(fn: Any, names: list[str] | tuple[str, ...]) -> dict[tupl
 
 
 def jit_function(fn: Any) -> Any:
-    """The JITFunction under @triton.autotune / @triton.heuristics wrappers."""
+    """The JITFunction under @triton.autotune / @triton.heuristics wrappers.
+
+    A kernel decorated while TRITON_INTERPRET=1 is an InterpretedFunction; it is rebuilt as a
+    JITFunction from the same Python function, so it can still be compiled.
+    """
+    from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
     seen = 0
     while not isinstance(fn, JITFunction):
+        if isinstance(fn, InterpretedFunction):
+            return JITFunction(fn.fn, do_not_specialize=fn.kwargs.get("do_not_specialize"))
         fn = getattr(fn, "fn", None)
         seen += 1
         if fn is None or seen > 8:
@@ -77,9 +84,19 @@ def compile_for_sm75(fn: Any, signature: Mapping[str, str], constexprs: Mapping[
     Raises `TurboBuildError` when the turbo build fails.
     """
     import triton
+    from triton import knobs
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    with knobs.runtime.scope():
+        knobs.runtime.interpret = False   # Triton cannot compile while TRITON_INTERPRET=1 is in effect
+        return _compile(triton, GPUTarget, ASTSource, fn, signature, constexprs, num_warps, turbo, attrs,
+                        num_stages)
+
+
+def _compile(triton: Any, GPUTarget: Any, ASTSource: Any, fn: Any, signature: Mapping[str, str],
+             constexprs: Mapping[str, Any], num_warps: int, turbo: bool, attrs: Mapping | None,
+             num_stages: int) -> CompiledInfo:
     jit = jit_function(fn)
     src = ASTSource(fn=jit, signature=dict(signature), constexprs=dict(constexprs),
                     attrs=dict(attrs or {}))

@@ -114,12 +114,13 @@ def current_hook() -> TurboHook | None:
 
 
 def _keyed(original: Callable, selector: Selector) -> Callable:
-    def get_cache_key(src: Any, backend: Any, options: Any, env_vars: Any) -> str:
-        key = original(src, backend, options, env_vars)
-        try:
+    def get_cache_key(*args: Any, **kwargs: Any) -> str:
+        key = original(*args, **kwargs)
+        try:   # Triton 3.6: (src, backend, backend_options, env_vars)
+            src, backend, options = args[:3]
             picked = selector(src, backend, options)
-        except Exception as err:   # a broken selector must not break compiling: build plain
-            logger.warning("Caovan turbo: selector failed, building plain: %s", err)
+        except Exception as err:   # a broken selector or another protocol must not break compiling
+            logger.warning("Caovan turbo: kernel selection failed, building plain: %s", err)
             picked = False
         if not picked:
             return key

@@ -1,0 +1,26 @@
+"""Run each Turbo compile test module in a fresh Python process without TRITON_INTERPRET."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from turbo_isolation import CHILD_FLAG
+
+TESTS = Path(__file__).resolve().parent
+MODULES = ["test_turbo_rewrite.py", "test_turbo_compile.py", "test_turbo_hook.py", "test_turbo_check.py"]
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_module_in_a_clean_process(module: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env[CHILD_FLAG] = "1"
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", str(TESTS / module)],
+                       cwd=TESTS.parent, env=env, capture_output=True, text=True, timeout=1500)
+    tail = (r.stdout + r.stderr)[-6000:]
+    assert r.returncode == 0, tail
+    assert " passed" in r.stdout and " skipped" not in r.stdout.splitlines()[-1], tail
