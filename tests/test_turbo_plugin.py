@@ -62,3 +62,10 @@ def test_a_bad_setting_is_logged_and_nothing_is_installed(machine, caplog) -> No
     with caplog.at_level(logging.WARNING, logger="caovan_vllm_sm75_turbo3"):
         assert install_turbo() == "off-error"
     assert current_hook() is None and any("CAOVAN_TURBO" in r.getMessage() for r in caplog.records)
+
+
+def test_additional_config_turns_it_off_like_the_variable(machine, monkeypatch) -> None:
+    machine([TI])
+    monkeypatch.setattr("sys.argv", ["/venv/bin/vllm", "serve", "/models/q", "--additional-config",
+                                     '{"caovan_turbo": "off"}'])
+    assert install_turbo() == "off-by-user" and current_hook() is None

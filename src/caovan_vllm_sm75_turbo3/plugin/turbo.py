@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
 logger = logging.getLogger("caovan_vllm_sm75_turbo3")
 
@@ -17,10 +18,14 @@ def install_turbo() -> str:
     try:
         from ..config import load_settings
         from ..policy.turbo import decide_turbo
+        from ..policy.vllm_args import read_vllm_args
         from ..runtime.facts import Facts
         from ..runtime.probe import dist_version, probe_gpus
+        from .register import serve_args
 
-        settings = load_settings(os.environ)
+        # vLLM's spawned workers keep the server's argv, so a `caovan_turbo` additional-config
+        # key counts in every process, as CAOVAN_TURBO does.
+        settings = load_settings(os.environ, read_vllm_args(serve_args(sys.argv)).additional_config)
         # The GPUs this process will compile for, from NVML; never a facts file (those plan for
         # hardware elsewhere). The hook itself also acts only on sm_75 compile targets.
         gpus, _, _ = probe_gpus(os.environ, [])

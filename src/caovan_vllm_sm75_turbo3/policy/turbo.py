@@ -36,7 +36,7 @@ def decide_turbo(facts: Facts, settings: Settings, triton_version: str | None) -
     """Decide from the facts (SM75 GPUs), `settings.turbo` (auto|on|off) and Triton's version."""
     src = settings.source("turbo")
     if settings.turbo == "off":
-        return TurboDecision(False, True, "off-by-user", f"CAOVAN_TURBO=off ({src})")
+        return TurboDecision(False, True, "off-by-user", f"turbo off, set by {src}")
     if not settings.active or settings.mode == "guards":
         return TurboDecision(False, True, "off", f"mode={settings.mode} keeps vLLM's own kernels")
     if facts.sm75_count == 0:
@@ -46,10 +46,10 @@ def decide_turbo(facts: Facts, settings: Settings, triton_version: str | None) -
     verified = _minor(triton_version) in HOOK_TRITON_VERSIONS
     if settings.turbo == "on":
         if verified:
-            return TurboDecision(True, False, "on", f"CAOVAN_TURBO=on ({src}): every allowlisted kernel "
+            return TurboDecision(True, False, "on", f"turbo on, set by {src}: every allowlisted kernel "
                                  "in a listed config, any source digest")
         return TurboDecision(True, False, f"on-unverified-triton-{triton_version}",
-                             f"CAOVAN_TURBO=on ({src}) with Triton {triton_version}, which the hook was not "
+                             f"turbo on, set by {src}, with Triton {triton_version}, which the hook was not "
                              f"verified with ({', '.join(HOOK_TRITON_VERSIONS)}); ptxas still guards each build")
     if not verified:
         return TurboDecision(False, True, f"off-unverified-triton-{triton_version}",
