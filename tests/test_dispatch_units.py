@@ -4,30 +4,30 @@ our real kernel in Triton's interpreter, the after-import hook, and the line for
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from types import SimpleNamespace
 
-os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported by the kernel module
+import pytest
 
-import pytest  # noqa: E402
-
-from caovan_vllm_sm75_turbo3.config import load_settings  # noqa: E402
-from caovan_vllm_sm75_turbo3.plugin.dispatch import after_import  # noqa: E402
-from caovan_vllm_sm75_turbo3.plugin.dispatch.controller import FAMILIES, installed_source  # noqa: E402
-from caovan_vllm_sm75_turbo3.plugin.dispatch.interface import check_sources, module_file  # noqa: E402
-from caovan_vllm_sm75_turbo3.plugin.dispatch.legacy_gdn_v020 import INTERFACE as LEGACY  # noqa: E402
-from caovan_vllm_sm75_turbo3.plugin.dispatch.modular_qwen_gdn_v022 import INTERFACE as MODULAR  # noqa: E402
-from caovan_vllm_sm75_turbo3.plugin.dispatch.precompile import (  # noqa: E402
-    SELF_CHECK_RTOL, Batch, ModelShapes, PrecompileError, model_shapes, plan_batches, precompile)
-from caovan_vllm_sm75_turbo3.plugin.dispatch.state import (  # noqa: E402
+from caovan_vllm_sm75_turbo3.config import load_settings
+from caovan_vllm_sm75_turbo3.plugin.dispatch import after_import
+from caovan_vllm_sm75_turbo3.plugin.dispatch.controller import FAMILIES, installed_source
+from caovan_vllm_sm75_turbo3.plugin.dispatch.interface import check_sources, module_file
+from caovan_vllm_sm75_turbo3.plugin.dispatch.legacy_gdn_v020 import INTERFACE as LEGACY
+from caovan_vllm_sm75_turbo3.plugin.dispatch.modular_qwen_gdn_v022 import INTERFACE as MODULAR
+from caovan_vllm_sm75_turbo3.plugin.dispatch.precompile import (
+    SELF_CHECK_RTOL, Batch, ModelShapes, PrecompileError, model_shapes, plan_batches)
+from caovan_vllm_sm75_turbo3.plugin.dispatch.state import (
     DISABLED, UPSTREAM, DispatchState, failure_line)
-from caovan_vllm_sm75_turbo3.policy import vllm_versions as vv  # noqa: E402
-from caovan_vllm_sm75_turbo3.policy.accel import gdn_state  # noqa: E402
-from caovan_vllm_sm75_turbo3.runtime.facts import Facts  # noqa: E402
+from caovan_vllm_sm75_turbo3.policy import vllm_versions as vv
+from caovan_vllm_sm75_turbo3.policy.accel import gdn_state
+from caovan_vllm_sm75_turbo3.runtime.facts import Facts
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "vllm-compat.md"
@@ -183,52 +183,71 @@ def test_model_shapes_from_vllm_config_split_heads_over_tp():
                                          linear_key_head_dim=128)))
 
 
-def _run_precompile(kernel):
-    import torch
-
-    from caovan_vllm_sm75_turbo3.kernels.gdn import gated_delta_rule_reference
+# Our kernels run in Triton's interpreter, in a child process started with TRITON_INTERPRET=1 (the
+# variable must be set before triton decorates the kernels; a child keeps it out of this process).
+PRECOMPILE_CASES = textwrap.dedent("""
+    import json, torch
+    from caovan_vllm_sm75_turbo3.kernels.gdn import chunk_gated_delta_rule, gated_delta_rule_reference
     from caovan_vllm_sm75_turbo3.kernels.gdn.configs import CHUNK, shape_class
-    shapes = _shapes(key_heads=1, value_heads=2, head_k=64, head_v=64, tp_size=1, max_num_batched_tokens=140)
-    return precompile(kernel, gated_delta_rule_reference, shapes, shape_class, CHUNK, torch.device("cpu"))
+    from caovan_vllm_sm75_turbo3.plugin.dispatch.precompile import ModelShapes, PrecompileError, precompile
+    shapes = ModelShapes(key_heads=1, value_heads=2, head_k=64, head_v=64, tp_size=1,
+                         max_num_batched_tokens=140, max_num_seqs=2, dtype="float16")
 
-
-def test_precompile_runs_our_kernel_and_checks_it_against_float64():
-    import torch
-
-    from caovan_vllm_sm75_turbo3.kernels.gdn import chunk_gated_delta_rule
-    # vLLM builds the model (and so runs precompile) under its own default device and dtype;
-    # nothing of ours may depend on them ("meta" tensors would fail every numeric check).
-    default_dtype = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float16)
-    try:
-        with torch.device("meta"):
-            report = _run_precompile(chunk_gated_delta_rule)
-    finally:
-        torch.set_default_dtype(default_dtype)
-    assert report.launches == 2
-    assert 0 < report.max_rel_err <= SELF_CHECK_RTOL  # exactly 0 would mean nothing was compared
-
-
-def test_precompile_rejects_a_kernel_that_computes_wrong_numbers():
-    from caovan_vllm_sm75_turbo3.kernels.gdn import chunk_gated_delta_rule
+    def run(kernel):
+        return precompile(kernel, gated_delta_rule_reference, shapes, shape_class, CHUNK, torch.device("cpu"))
 
     def off_by_five_percent(**kw):
         o, s = chunk_gated_delta_rule(**kw)
         o.mul_(1.05)
         return o, s
-    with pytest.raises(PrecompileError, match=r"precompile self-check against the float64 reference failed for 3 sequence"):
-        _run_precompile(off_by_five_percent)
-
-
-def test_precompile_rejects_a_kernel_that_leaves_output_unwritten():
-    from caovan_vllm_sm75_turbo3.kernels.gdn import chunk_gated_delta_rule
 
     def skips_last_token(core_attn_out, **kw):
         o, s = chunk_gated_delta_rule(**kw)  # into its own buffer: the poisoned one stays NaN
         core_attn_out[:-1].copy_(o[0, :-1])
         return core_attn_out.unsqueeze(0), s
-    with pytest.raises(PrecompileError, match="left NaN/inf in the output"):
-        _run_precompile(skips_last_token)
+
+    out = {}
+    # vLLM builds the model (and so runs precompile) under its own default device and dtype;
+    # nothing of ours may depend on them ("meta" tensors would fail every numeric check).
+    torch.set_default_dtype(torch.float16)
+    with torch.device("meta"):
+        report = run(chunk_gated_delta_rule)
+    torch.set_default_dtype(torch.float32)
+    out["good"] = [report.launches, report.max_rel_err]
+    for name, kernel in (("wrong", off_by_five_percent), ("unwritten", skips_last_token)):
+        try:
+            run(kernel)
+            out[name] = None
+        except PrecompileError as err:
+            out[name] = str(err)
+    print("OUT " + json.dumps(out))
+""")
+
+
+@pytest.fixture(scope="module")
+def precompile_cases():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    r = subprocess.run([sys.executable, "-c", PRECOMPILE_CASES], capture_output=True, text=True, timeout=600,
+                       env=env)
+    line = next((ln for ln in r.stdout.splitlines() if ln.startswith("OUT ")), None)
+    assert r.returncode == 0 and line, r.stdout[-2000:] + r.stderr[-4000:]
+    return json.loads(line[4:])
+
+
+def test_precompile_runs_our_kernel_and_checks_it_against_float64(precompile_cases):
+    launches, err = precompile_cases["good"]
+    assert launches == 2
+    assert 0 < err <= SELF_CHECK_RTOL  # exactly 0 would mean nothing was compared
+
+
+def test_precompile_rejects_a_kernel_that_computes_wrong_numbers(precompile_cases):
+    assert precompile_cases["wrong"].startswith(
+        "precompile self-check against the float64 reference failed for 3 sequence(s), 132 tokens")
+
+
+def test_precompile_rejects_a_kernel_that_leaves_output_unwritten(precompile_cases):
+    assert precompile_cases["unwritten"] is not None
+    assert "left NaN/inf in the output" in precompile_cases["unwritten"]
 
 
 # ---- after-import hook ---------------------------------------------------------------------------
