@@ -41,6 +41,16 @@ T4 = {"name": "Tesla T4", "compute_capability": "7.5", "memory_total_mib": 15360
 RTX3090 = {"name": "NVIDIA GeForce RTX 3090", "compute_capability": "8.6", "memory_total_mib": 24576}
 TI22 = _TI
 
+# The reference launch from the field (issue 3), as a user types it after caovan-vllm-serve.
+REFERENCE = [
+    "/data/qwen/Qwen3.6-27B-AWQ-INT4", "--host", "0.0.0.0", "--port", "8000",
+    "--served-model-name", "Qwen3.6-27B-AWQ-INT4", "--tensor-parallel-size", "2", "--dtype", "half",
+    "--max-model-len", "262144", "--max-num-seqs", "2", "--max-num-batched-tokens", "8192",
+    "--kv-cache-dtype", "fp8", "--disable-custom-all-reduce", "--enable-prefix-caching",
+    "--mamba-cache-mode", "align",
+    "--additional-config", '{"caovan":true,"caovan_mode":"auto","caovan_require_turbo3":true}',
+    "--reasoning-parser", "qwen3", "--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder"]
+
 
 @pytest.fixture
 def write_facts(tmp_path: Path):

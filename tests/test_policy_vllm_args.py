@@ -9,14 +9,8 @@ import pytest
 from caovan_vllm_sm75_turbo3.errors import SettingError
 from caovan_vllm_sm75_turbo3.policy.vllm_args import read_vllm_args
 
-REFERENCE = [
-    "/data/qwen/Qwen3.6-27B-AWQ-INT4", "--host", "0.0.0.0", "--port", "8000",
-    "--served-model-name", "Qwen3.6-27B-AWQ-INT4", "--tensor-parallel-size", "2", "--dtype", "half",
-    "--max-model-len", "262144", "--max-num-seqs", "2", "--max-num-batched-tokens", "8192",
-    "--kv-cache-dtype", "fp8", "--disable-custom-all-reduce", "--enable-prefix-caching",
-    "--mamba-cache-mode", "align",
-    "--additional-config", '{"caovan":true,"caovan_mode":"auto","caovan_require_turbo3":true}',
-    "--reasoning-parser", "qwen3", "--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder"]
+from conftest import REFERENCE
+
 
 
 def test_reference_command_is_read_and_kept_intact():

@@ -16,16 +16,10 @@ import pytest
 from caovan_vllm_sm75_turbo3.cli.serve import BOOL_FLAGS, VALUE_FLAGS
 from caovan_vllm_sm75_turbo3.policy.vllm_args import SHORT_ALIASES, read_vllm_args
 
+from conftest import REFERENCE
+
 ROOT = Path(__file__).resolve().parents[1]
 FACTS = ROOT / "examples" / "2x2080ti-22g.json"
-REFERENCE = [
-    "/data/qwen/Qwen3.6-27B-AWQ-INT4", "--host", "0.0.0.0", "--port", "8000",
-    "--served-model-name", "Qwen3.6-27B-AWQ-INT4", "--tensor-parallel-size", "2", "--dtype", "half",
-    "--max-model-len", "262144", "--max-num-seqs", "2", "--max-num-batched-tokens", "8192",
-    "--kv-cache-dtype", "fp8", "--disable-custom-all-reduce", "--enable-prefix-caching",
-    "--mamba-cache-mode", "align",
-    "--additional-config", '{"caovan":true,"caovan_mode":"auto","caovan_require_turbo3":true}',
-    "--reasoning-parser", "qwen3", "--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder"]
 DOTTED = ["/m", "--additional-config", '{"x":1}', "--additional-config.caovan_mode", "guards",
           "--additional_config.caovan_probe_timeout_s=60", "-tp", "2"]
 
