@@ -24,14 +24,22 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # numpy, 
 
 @pytest.fixture(autouse=True)
 def interpreted_kernels(monkeypatch):
-    """Run our two kernels in Triton's interpreter for this test only."""
+    """Run our two kernels in Triton's interpreter for this test only.
+
+    Triton's standard library (tl.cumsum, tl.sum, ...) is itself @triton.jit code: imported
+    without TRITON_INTERPRET=1 those are compiler-only JITFunctions, so they are swapped for
+    interpreted copies too, in both namespaces a kernel may reach them through.
+    """
+    import triton.language as tl
+    import triton.language.standard as tl_standard
     from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    for name in ("_prep_kernel", "_state_kernel"):
-        kernel = getattr(chunk, name)
-        if not isinstance(kernel, InterpretedFunction):
-            monkeypatch.setattr(chunk, name, InterpretedFunction(kernel.fn))
+    for module in (tl_standard, tl, chunk):
+        for name, obj in list(vars(module).items()):
+            if isinstance(obj, JITFunction):
+                monkeypatch.setattr(module, name, InterpretedFunction(obj.fn))
 
 
 @pytest.fixture(autouse=True)
