@@ -52,7 +52,7 @@ def build(out: Path) -> None:
     meta = {}
     for spec in _needed_specs():
         for turbo in (True, False):
-            info = compile_for_sm75(spec.fn, spec.signature, spec.constexprs, num_warps=spec.num_warps,
+            info = compile_for_sm75(spec.fn, spec.signature, spec.constexprs, num_warps=spec.num_warps, attrs=spec.attrs,
                                     turbo=turbo, num_stages=1)
             n_params = len({p for p in info.ptx.split() if p.startswith(info.entry + "_param_")})
             if info.global_scratch_bytes or n_params != len(spec.args) + 2:

@@ -4,6 +4,8 @@ Turbo build (sm_80 planning, PTX rewrite, ptxas for sm_75): at most 65,536 bytes
 memory, 0 spill bytes, and the matrix products on tensor cores (m16n8k8 mma in the PTX).
 Plain build (stock Triton for sm_75): the vLLM variant of the main shape compiles within
 64 KiB; Triton lowers its products to FMA there, which spills (reported, not required).
+Pointers are marked 16-byte aligned, as Triton's JIT specialises torch allocations: that is
+the build a serving process gets (unaligned builds of some specs spill a few hundred bytes).
 The builds run in one child process with TRITON_INTERPRET=0: Triton cannot compile in a
 process where its interpreter has run (other test modules use it). Needs ptxas; no GPU.
 """
@@ -32,7 +34,7 @@ from caovan_vllm_sm75_turbo3.kernels.turbo.compile import compile_for_sm75
 
 def build(spec, turbo):
     try:
-        info = compile_for_sm75(spec.fn, spec.signature, spec.constexprs, num_warps=spec.num_warps,
+        info = compile_for_sm75(spec.fn, spec.signature, spec.constexprs, num_warps=spec.num_warps, attrs=spec.attrs,
                                 turbo=turbo, num_stages=1)
     except Exception as err:
         return {"error": f"{type(err).__name__}: {err}"[:2000]}

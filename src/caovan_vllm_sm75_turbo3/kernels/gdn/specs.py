@@ -34,6 +34,13 @@ class KernelSpec:
         """Names of the parameters that stay in the compiled kernel's parameter list, in order."""
         return [n for n, t in self.signature.items() if t != "constexpr"]
 
+    @property
+    def attrs(self) -> dict:
+        """Triton attrs with every pointer 16-byte aligned, as the JIT specialises torch allocations."""
+        from ..turbo.compile import divisibility_attrs
+
+        return divisibility_attrs(self.fn, [n for n, t in self.signature.items() if t.startswith("*")])
+
 
 def _jit(kernel: Any) -> Any:
     """A compilable JITFunction even when TRITON_INTERPRET=1 made `kernel` an interpreted one."""
