@@ -10,11 +10,15 @@ Per value head and chunk of BT=64 tokens, with gamma the in-chunk cumulative log
     S <- e^(gamma_last) S + delta^T diag(e^(gamma_last - gamma)) K
 
 1. `_prep_kernel`: one program per (chunk, value head), all chunks in parallel. It does every
-   step that does not need S (T by forward substitution, W, U, Q', O_intra) and writes W, U, Q'
-   and the decayed keys in fp16 (as FLA stores w and u), O_intra straight into the output.
+   step that does not need S (T, W, U, Q', O_intra) and writes W, U, Q' and the decayed keys in
+   fp16 (as FLA stores w and u), O_intra straight into the output. T is solved in 16-row
+   blocks: the four diagonal blocks by fp32 forward substitution at once (15 warp-local steps),
+   then the blocks below them by tensor-core products, through this program's own rows of w and
+   kd as scratch (no extra buffer).
 2. `_state_kernel`: one program per (value slice, sequence, value head). The state slice [K, BV]
    stays in registers across all chunks; per chunk and 64-row half of K, three tensor-core
-   products. Neither the per-chunk states nor delta (FLA's v_new) ever go to memory.
+   products, with the next chunk's operands fetched while this one computes. Neither the
+   per-chunk states nor delta (FLA's v_new) ever go to memory.
 
 Fusing step 1 into step 2 would keep W/U on chip as well, but the solve would then run serially
 chunk after chunk in few programs; for a long prompt (one sequence, 24 heads) the parallel prep
@@ -97,7 +101,6 @@ def _prep_kernel(
     # Gram matrices K K^T and Q K^T of the raw inputs; the L2 norm is applied to them afterwards.
     b_kk = tl.zeros([BT, BT], dtype=tl.float32)
     b_qk = tl.zeros([BT, BT], dtype=tl.float32)
-    b_kss = tl.zeros([BT], dtype=tl.float32)
     b_qss = tl.zeros([BT], dtype=tl.float32)
     for j in tl.static_range(K // BK):
         p_k = tl.make_block_ptr(kb, (seq, K), (H * K, 1), (t0, j * BK), (BT, BK), (1, 0))
@@ -107,38 +110,71 @@ def _prep_kernel(
         b_kk += tl.dot(b_k, tl.trans(b_k))
         b_qk += tl.dot(b_q, tl.trans(b_k))
         if USE_L2NORM:
-            kf = b_k.to(tl.float32)
             qf = b_q.to(tl.float32)
-            b_kss += tl.sum(kf * kf, 1)
             b_qss += tl.sum(qf * qf, 1)
-    if USE_L2NORM:
-        b_rk = 1.0 / tl.sqrt(b_kss + EPS)
+    if USE_L2NORM:  # |k_i|^2 is the diagonal of K K^T
+        b_rk = 1.0 / tl.sqrt(tl.sum(tl.where(r[:, None] == r[None, :], b_kk, 0.0), 1) + EPS)
         b_rq = 1.0 / tl.sqrt(b_qss + EPS)
     else:
         b_rk = tl.full([BT], 1.0, dtype=tl.float32)
         b_rq = tl.full([BT], 1.0, dtype=tl.float32)
 
-    # A^T directly (K K^T is symmetric): At[j, i] = A[i, j] = beta_i kk_ij e^(gamma_i - gamma_j), j < i.
-    upper = r[:, None] < r[None, :]
-    b_at = b_kk * (b_rk[:, None] * (b_rk * b_beta)[None, :])
-    b_at = tl.where(upper, b_at * tl.exp(tl.where(upper, b_gc[None, :] - b_gc[:, None], 0.0)), 0.0)
+    # A[i, j] = beta_i kk_ij e^(gamma_i - gamma_j), j < i, and the masked intra-chunk scores P.
+    strict = r[:, None] > r[None, :]
+    b_a = b_kk * ((b_rk * b_beta)[:, None] * b_rk[None, :])
+    b_a = tl.where(strict, b_a * tl.exp(tl.where(strict, b_gc[:, None] - b_gc[None, :], 0.0)), 0.0)
     lower = r[:, None] >= r[None, :]
     b_p = b_qk * ((scale * b_rq)[:, None] * b_rk[None, :])
     b_p16 = tl.where(lower, b_p * tl.exp(tl.where(lower, b_gc[:, None] - b_gc[None, :], 0.0)), 0.0).to(tl.float16)
 
-    # T = (I + A)^-1 by forward substitution: row i = e_i - A[i, :] T (rows above i are final).
-    b_t = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
-    for i in range(1, BT):
-        a_i = tl.sum(tl.where(r[None, :] == i, b_at, 0.0), 1)  # a_i[j] = A[i, j]
-        row = -tl.sum(a_i[:, None] * b_t, 0)
-        b_t = tl.where(r[:, None] == i, row[None, :] + tl.where(r == i, 1.0, 0.0)[None, :], b_t)
-    b_t16 = b_t.to(tl.float16)
+    # T = (I + A)^-1 in 16-row blocks. Scratch space is this program's own rows of kd (A) and
+    # w (T), first BT columns; both are overwritten with their real contents afterwards. A 64-step
+    # substitution over the whole tile would serialise 126 cross-warp reductions; this is 15
+    # warp-local steps (the four diagonal blocks at once) and three tensor-core merges.
+    wb = w + b64 * (HV * K) + i_h * K
+    kdb = kd + b64 * (HV * K) + i_h * K
+    RS = HV * K  # row stride of w, qd, kd
+    p_as = tl.make_block_ptr(kdb, (seq, BT), (RS, 1), (t0, 0), (BT, BT), (1, 0))
+    tl.store(p_as, b_a.to(tl.float16), boundary_check=(0,))
+    tl.debug_barrier()
+    # Diagonal blocks by forward substitution in fp32: t3[b, c, j] = T_bb[j, c], j fastest so the
+    # reduction over j stays inside a warp. Row i of every block at once; the next rows are
+    # loaded one step ahead.
+    ib = tl.arange(0, BT // 16)[:, None, None]
+    ic = tl.arange(0, 16)[None, :, None]
+    ij = tl.arange(0, 16)[None, None, :]
+    t3 = tl.where((ic == ij) & (ib >= 0), 1.0, 0.0)
+    row0 = t0 + 16 * ib  # [NB, 1, 1]
+    a_next = tl.load(kdb + (row0 + 1) * RS + 16 * ib + ij, mask=row0 + 1 < seq, other=0.0).to(tl.float32)
+    for i in range(1, 16):
+        a_i = a_next
+        a_next = tl.load(kdb + (row0 + i + 1) * RS + 16 * ib + ij, mask=(row0 + i + 1 < seq) & (i < 15),
+                         other=0.0).to(tl.float32)
+        t_row = -tl.sum(a_i * t3, 2)  # [NB, 16]: row i of each block's inverse, without the 1
+        t3 = tl.where(ij == i, t_row[:, :, None] + tl.where(ic == i, 1.0, 0.0), t3)
+    tl.store(wb + (row0 + ij) * RS + 16 * ib + ic, t3.to(tl.float16), mask=row0 + ij < seq)
+    tl.debug_barrier()
+    # Off-diagonal blocks, block row by block row: T_b,<b = -T_bb (A_b,<b T_<b,<b).
+    in_lower_blocks = r[None, :] < 16 * (r[:, None] // 16 + 1)  # T is zero right of a row's own block
+    p_t = tl.make_block_ptr(wb, (seq, BT), (RS, 1), (t0, 0), (BT, BT), (1, 0))
+    for bi in tl.static_range(1, BT // 16):
+        rs16 = tl.arange(0, 16)
+        p_ab = tl.make_block_ptr(kdb, (seq, BT), (RS, 1), (t0 + 16 * bi, 0), (16, BT), (1, 0))
+        b_ab = tl.where(r[None, :] < 16 * bi, tl.load(p_ab, boundary_check=(0,)), 0.0).to(tl.float16)
+        b_tp = tl.where(in_lower_blocks & (r[:, None] < 16 * bi), tl.load(p_t, boundary_check=(0,)), 0.0).to(tl.float16)
+        b_x = tl.dot(b_ab, b_tp).to(tl.float16)
+        p_d = tl.make_block_ptr(wb, (seq, BT), (RS, 1), (t0 + 16 * bi, 16 * bi), (16, 16), (1, 0))
+        b_d = tl.where(rs16[None, :] <= rs16[:, None], tl.load(p_d, boundary_check=(0,)), 0.0).to(tl.float16)
+        b_tb = -tl.dot(b_d, b_x)
+        rows_b = t0 + 16 * bi + rs16[:, None]  # the diagonal block is already in place: write left of it
+        tl.store(wb + rows_b * RS + r[None, :], b_tb.to(tl.float16), mask=(rows_b < seq) & (r[None, :] < 16 * bi))
+        tl.debug_barrier()
+    b_t16 = tl.where(in_lower_blocks, tl.load(p_t, boundary_check=(0,)), 0.0).to(tl.float16)
+    tl.debug_barrier()  # every thread holds T before the scratch rows are overwritten
 
     e_g = tl.exp(b_gc)
-    wb = w + b64 * (HV * K) + i_h * K
     qdb = qd + b64 * (HV * K) + i_h * K
-    kdb = kd + b64 * (HV * K) + i_h * K
-    for j in tl.static_range(K // BK):
+    for j in range(K // BK):
         p_k = tl.make_block_ptr(kb, (seq, K), (H * K, 1), (t0, j * BK), (BT, BK), (1, 0))
         b_kn = tl.load(p_k, boundary_check=(0,)).to(tl.float32) * b_rk[:, None]
         p_kd = tl.make_block_ptr(kdb, (seq, K), (HV * K, 1), (t0, j * BK), (BT, BK), (1, 0))
@@ -153,7 +189,7 @@ def _prep_kernel(
     vb = v + b64 * (HV * V) + i_h * V
     ub = u + b64 * (HV * V) + i_h * V
     ob = o + b64 * (HV * V) + i_h * V
-    for j in tl.static_range(V // BK):
+    for j in range(V // BK):
         p_v = tl.make_block_ptr(vb, (seq, V), (HV * V, 1), (t0, j * BK), (BT, BK), (1, 0))
         b_vb = (tl.load(p_v, boundary_check=(0,)).to(tl.float32) * b_beta[:, None]).to(tl.float16)
         b_u = tl.dot(b_t16, b_vb).to(tl.float16)
@@ -203,27 +239,60 @@ def _state_kernel(
     ub = u + b64 * (HV * V) + i_h * V
     ob = o + b64 * (HV * V) + i_h * V
     gb = g + b64 * HV + i_h
+    # The chain from one chunk's state to the next runs through two products (delta = U - W S,
+    # then S += Kd^T delta); their operands need no state, so chunk c + 1's W, Kd, U and g are
+    # fetched while chunk c computes (rows past the sequence read 0, so the fetch after the
+    # last chunk is harmless). Q' and O are off the chain and loaded where used: prefetching
+    # them too spilled on sm_75.
+    p_w = tl.make_block_ptr(wb, (seq, K), (HV * K, 1), (0, 0), (BT, 64), (1, 0))
+    p_q = tl.make_block_ptr(qb, (seq, K), (HV * K, 1), (0, 0), (BT, 64), (1, 0))
+    p_kt = tl.make_block_ptr(kb, (K, seq), (1, HV * K), (0, 0), (64, BT), (0, 1))
+    p_u = tl.make_block_ptr(ub, (seq, V), (HV * V, 1), (0, i_v * BV), (BT, BV), (1, 0))
+    p_o = tl.make_block_ptr(ob, (seq, V), (HV * V, 1), (0, i_v * BV), (BT, BV), (1, 0))
+    p_g = tl.make_block_ptr(gb, (seq,), (HV,), (0,), (BT,), (0,))
+    n_w1 = tl.load(p_w, boundary_check=(0,))
+    n_k1 = tl.load(p_kt, boundary_check=(1,))
+    if K > 64:
+        n_w2 = tl.load(tl.advance(p_w, (0, 64)), boundary_check=(0,))
+        n_k2 = tl.load(tl.advance(p_kt, (64, 0)), boundary_check=(1,))
+    n_u = tl.load(p_u, boundary_check=(0,))
+    n_g = tl.load(p_g, boundary_check=(0,))
     for c in range(0, (seq + BT - 1) // BT):
-        t0 = c * BT
-        p_w = tl.make_block_ptr(wb, (seq, K), (HV * K, 1), (t0, 0), (BT, 64), (1, 0))
-        p_q = tl.make_block_ptr(qb, (seq, K), (HV * K, 1), (t0, 0), (BT, 64), (1, 0))
-        p_kt = tl.make_block_ptr(kb, (K, seq), (1, HV * K), (0, t0), (64, BT), (0, 1))
-        p_u = tl.make_block_ptr(ub, (seq, V), (HV * V, 1), (t0, i_v * BV), (BT, BV), (1, 0))
-        p_o = tl.make_block_ptr(ob, (seq, V), (HV * V, 1), (t0, i_v * BV), (BT, BV), (1, 0))
-        p_g = tl.make_block_ptr(gb, (seq,), (HV,), (t0,), (BT,), (0,))
+        b_w1, b_k1, b_u, b_gc = n_w1, n_k1, n_u, n_g
+        if K > 64:
+            b_w2, b_k2 = n_w2, n_k2
+        b_q1 = tl.load(p_q, boundary_check=(0,))
+        if K > 64:
+            b_q2 = tl.load(tl.advance(p_q, (0, 64)), boundary_check=(0,))
+        b_o = tl.load(p_o, boundary_check=(0,))
+        p_out = p_o
+        p_w = tl.advance(p_w, (BT, 0))
+        p_q = tl.advance(p_q, (BT, 0))
+        p_kt = tl.advance(p_kt, (0, BT))
+        p_u = tl.advance(p_u, (BT, 0))
+        p_o = tl.advance(p_o, (BT, 0))
+        p_g = tl.advance(p_g, (BT,))
+        n_w1 = tl.load(p_w, boundary_check=(0,))
+        n_k1 = tl.load(p_kt, boundary_check=(1,))
+        if K > 64:
+            n_w2 = tl.load(tl.advance(p_w, (0, 64)), boundary_check=(0,))
+            n_k2 = tl.load(tl.advance(p_kt, (64, 0)), boundary_check=(1,))
+        n_u = tl.load(p_u, boundary_check=(0,))
+        n_g = tl.load(p_g, boundary_check=(0,))
+
         b_s16 = b_s1.to(tl.float16)
-        b_delta = tl.load(p_u, boundary_check=(0,)).to(tl.float32) - tl.dot(tl.load(p_w, boundary_check=(0,)), b_s16)
-        b_o = tl.load(p_o, boundary_check=(0,)).to(tl.float32) + tl.dot(tl.load(p_q, boundary_check=(0,)), b_s16)
+        b_delta = b_u.to(tl.float32) - tl.dot(b_w1, b_s16)
+        b_out = b_o.to(tl.float32) + tl.dot(b_q1, b_s16)
         if K > 64:
             b_s16 = b_s2.to(tl.float16)
-            b_delta -= tl.dot(tl.load(tl.advance(p_w, (0, 64)), boundary_check=(0,)), b_s16)
-            b_o += tl.dot(tl.load(tl.advance(p_q, (0, 64)), boundary_check=(0,)), b_s16)
-        tl.store(p_o, b_o.to(o.dtype.element_ty), boundary_check=(0,))
-        decay = tl.exp(tl.sum(tl.load(p_g, boundary_check=(0,)), 0))
+            b_delta -= tl.dot(b_w2, b_s16)
+            b_out += tl.dot(b_q2, b_s16)
+        tl.store(p_out, b_out.to(o.dtype.element_ty), boundary_check=(0,))
+        decay = tl.exp(tl.sum(b_gc, 0))
         b_d16 = b_delta.to(tl.float16)
-        b_s1 = b_s1 * decay + tl.dot(tl.load(p_kt, boundary_check=(1,)), b_d16)
+        b_s1 = b_s1 * decay + tl.dot(b_k1, b_d16)
         if K > 64:
-            b_s2 = b_s2 * decay + tl.dot(tl.load(tl.advance(p_kt, (64, 0)), boundary_check=(1,)), b_d16)
+            b_s2 = b_s2 * decay + tl.dot(b_k2, b_d16)
 
     if STORE_FINAL_STATE:
         p_ht = tl.make_block_ptr(ht + i_nh.to(tl.int64) * (V * K), (K, V), (1, K), (0, i_v * BV), (64, BV), (0, 1))
