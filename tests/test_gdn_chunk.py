@@ -165,6 +165,18 @@ def test_refuses_what_it_does_not_support(change, words):
     assert words in str(err.value) and isinstance(err.value, CaovanError)
 
 
+@pytest.mark.parametrize("cap, ok", [((7, 5), True), ((8, 6), True), ((8, 9), True), ((7, 0), False),
+                                     ((9, 0), False), ((10, 0), False)])
+def test_gpu_generations_outside_the_verified_range_are_refused(cap, ok):
+    from caovan_vllm_sm75_turbo3.kernels.gdn.inputs import check_capability
+
+    if ok:
+        check_capability(cap)
+        return
+    with pytest.raises(GDNInputError, match=rf"7\.5 to 8\.9; this one is {cap[0]}\.{cap[1]}"):
+        check_capability(cap)
+
+
 def test_refuses_mismatched_initial_state():
     q, k, v, g, beta, _ = _inputs([5, 6], 1, 1, 1, 64, 64, normalized=True, with_state=False)
     with pytest.raises(GDNInputError, match=r"initial_state must be \[N, HV, V, K\]"):

@@ -80,4 +80,24 @@ def check_inputs(
             raise GDNInputError(f"core_attn_out must have q's dtype {q.dtype}; got {core_attn_out.dtype}")
         if core_attn_out.numel() < B * T * HV * V or not core_attn_out.is_contiguous():
             raise GDNInputError(f"core_attn_out must be contiguous with at least {B * T * HV * V} elements")
+    if q.is_cuda:
+        check_capability(torch.cuda.get_device_capability(q.device))
     return GDNShapes(B, T, H, HV, K, V, N)
+
+
+SUPPORTED_CAPABILITIES = ((7, 5), (8, 9))  # inclusive range
+
+
+def check_capability(capability: tuple[int, int]) -> None:
+    """Raise GDNInputError for a GPU this kernel is not verified on (outside sm_75 .. sm_89).
+
+    On sm_90 and newer Triton 3.6 builds the state pass with wgmma, and its results were wrong
+    when measured on an H200 (benchmarks/RESULTS.md); below sm_75 there are no fp16 mma.sync.
+    """
+    low, high = SUPPORTED_CAPABILITIES
+    if not low <= tuple(capability) <= high:
+        raise GDNInputError(
+            f"this GDN kernel runs on GPUs of compute capability {low[0]}.{low[1]} to {high[0]}.{high[1]}; "
+            f"this one is {capability[0]}.{capability[1]}"
+            + (" (Triton 3.6's wgmma build of its state pass gave wrong results on sm_90)" if tuple(capability) >= (9, 0) else "")
+            + ": use vLLM's own FLA kernels there")
