@@ -11,7 +11,8 @@ packed through cu_seqlens with initial and final state, as vLLM calls it):
   ours-sm75-turbo  our two kernels as sm_75 PTX with tensor-core mma (the Turbo rewrite), JIT-ed
                    by the driver for this card and launched through CuPy
   ours-sm75-plain  the same kernels as stock Triton builds them for sm_75 (FMA, no tensor cores)
-  ours-native      the same kernels compiled by Triton for this card
+  ours-native      the same kernels compiled by Triton for this card (only with --rows; refused
+                   on sm_90+, where Triton 3.6's wgmma build of the state kernel is wrong)
   fla-chunk        fla-core's chunk_gated_delta_rule (native, autotuned, V-first state)
   fla-recurrent    fla-core's fused_recurrent_gated_delta_rule (token-serial)
 and checks each output and final state against the float64 token-serial reference at full size.
@@ -162,11 +163,18 @@ def _ceilings() -> dict[str, float]:
     return {"copy_GBps": 2 * 2**30 / ms / 1e6, "fp16_matmul_TFLOPs": 2 * 8192**3 / ms_mm / 1e9}
 
 
-def run(ptx_dir: Path, json_out: Path | None) -> None:
+ROWS = ("ours-sm75-turbo", "ours-sm75-turbo[many-cfg]", "ours-sm75-turbo[few-cfg]", "ours-sm75-plain", "ours-native", "fla-chunk", "fla-recurrent")
+# ours-native only on request: chunk_gated_delta_rule refuses sm_90+ (Triton 3.6's wgmma build of
+# the state kernel gives wrong results there, benchmarks/RESULTS.md), so the row reports that refusal.
+DEFAULT_ROWS = tuple(r for r in ROWS if r != "ours-native")
+
+
+def run(ptx_dir: Path, json_out: Path | None, rows_wanted: tuple[str, ...] = ROWS) -> None:
     import torch
     import torch.nn.functional as F
 
     from caovan_vllm_sm75_turbo3.kernels.gdn import chunk_gated_delta_rule, gated_delta_rule_reference
+    from caovan_vllm_sm75_turbo3.kernels.gdn.configs import shape_class
 
     dev = torch.device("cuda")
     report: dict = {"card": torch.cuda.get_device_name(0), "date": time.strftime("%Y-%m-%d"), "cases": {}}
@@ -201,8 +209,10 @@ def run(ptx_dir: Path, json_out: Path | None) -> None:
         calls = {}
         for name, impl in impls.items():
             calls[name] = lambda impl=impl: impl(q, k, v, g, beta, h0, cu, ci)[:2]
-        if "ours-sm75-turbo" in impls and N == 1:  # the other pinned state config, for comparison
-            calls["ours-sm75-turbo[many-cfg]"] = lambda: impls["ours-sm75-turbo"](q, k, v, g, beta, h0, cu, ci, cls="many")[:2]
+        if "ours-sm75-turbo" in impls:  # the other pinned state config, for comparison
+            other = "many" if shape_class(N, HV) == "few" else "few"
+            calls[f"ours-sm75-turbo[{other}-cfg]"] = lambda other=other: impls["ours-sm75-turbo"](
+                q, k, v, g, beta, h0, cu, ci, cls=other)[:2]
         calls["ours-native"] = lambda: chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
                                                               cu_seqlens=cu, chunk_indices=ci)
         if fla_chunk is not None:
@@ -215,6 +225,8 @@ def run(ptx_dir: Path, json_out: Path | None) -> None:
                                                      output_final_state=True, state_v_first=True, cu_seqlens=cu64)
         rows = {}
         for name, call in calls.items():
+            if name not in rows_wanted:
+                continue
             try:
                 o, st = call()
                 torch.cuda.synchronize()
@@ -251,11 +263,17 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("run", help="time and check every row on this machine's GPU")
     r.add_argument("--ptx", type=Path, required=True)
     r.add_argument("--json", type=Path)
+    r.add_argument("--rows", default=",".join(DEFAULT_ROWS),
+                   help=f"comma-separated rows to run, of {', '.join(ROWS)} (default: all but ours-native)")
     a = ap.parse_args(argv)
     if a.cmd == "build":
         build(a.out)
-    else:
-        run(a.ptx, a.json)
+        return 0
+    rows = tuple(x.strip() for x in a.rows.split(",") if x.strip())
+    unknown = [x for x in rows if x not in ROWS]
+    if unknown or not rows:
+        ap.error(f"--rows: unknown row(s) {', '.join(unknown) or '(none given)'}; accepted: {', '.join(ROWS)}")
+    run(a.ptx, a.json, rows)
     return 0
 
 
