@@ -42,7 +42,7 @@ CASES: dict[str, list[int]] = {
 def _needed_specs():
     from caovan_vllm_sm75_turbo3.kernels.gdn.specs import prep_spec, state_spec
 
-    return [prep_spec(D, D, l2norm=False, chunk_indices=True), state_spec(D, D, "few"), state_spec(D, D, "many")]
+    return [prep_spec(D, D, l2norm=False, chunk_indices=True), state_spec(D, D)]
 
 
 def build(out: Path) -> None:
@@ -120,13 +120,12 @@ class _Sm75:
             mod = cp.RawModule(path=str(ptx_dir / f"{spec.name}-{build}.ptx"))
             self.fns[spec.name] = (mod.get_function(m["entry"]), m)
 
-    def __call__(self, q, k, v, g, beta, h0, cu, ci, *, parts: str = "both", cls: str | None = None, bufs=None):
+    def __call__(self, q, k, v, g, beta, h0, cu, ci, *, parts: str = "both", bufs=None):
         """Run prep and/or state on buffers `bufs` (made when None); returns (o, final_state, bufs)."""
         import numpy as np
         import torch
 
         from caovan_vllm_sm75_turbo3.kernels.gdn.chunk import plan_launch
-        from caovan_vllm_sm75_turbo3.kernels.gdn.configs import shape_class
         from caovan_vllm_sm75_turbo3.kernels.gdn.specs import state_spec
 
         T, N = q.shape[1], cu.numel() - 1
@@ -144,10 +143,8 @@ class _Sm75:
                (ptr(q), ptr(k), ptr(v), ptr(g), ptr(beta), ptr(w), ptr(u), ptr(qd), ptr(kd), ptr(o), ptr(cu),
                 ptr(ci), np.int32(T), np.int32(N), np.float32(D ** -0.5)) + zero, shared_mem=m["shared"])
         if parts in ("both", "state"):
-            spec = state_spec(D, D, cls or shape_class(N, HV))
-            fn, m = self.fns[spec.name]
-            grid = (D // spec.constexprs["BV"], N * HV)
-            fn(grid, (m["num_warps"] * 32,),
+            fn, m = self.fns[state_spec(D, D).name]
+            fn(plan.state_grid, (m["num_warps"] * 32,),
                (ptr(w), ptr(u), ptr(qd), ptr(kd), ptr(g), ptr(o), ptr(h0), ptr(ht), ptr(cu), np.int32(T)) + zero,
                shared_mem=m["shared"])
         return o, ht, bufs
@@ -163,7 +160,7 @@ def _ceilings() -> dict[str, float]:
     return {"copy_GBps": 2 * 2**30 / ms / 1e6, "fp16_matmul_TFLOPs": 2 * 8192**3 / ms_mm / 1e9}
 
 
-ROWS = ("ours-sm75-turbo", "ours-sm75-turbo[many-cfg]", "ours-sm75-turbo[few-cfg]", "ours-sm75-plain", "ours-native", "fla-chunk", "fla-recurrent")
+ROWS = ("ours-sm75-turbo", "ours-sm75-plain", "ours-native", "fla-chunk", "fla-recurrent")
 # ours-native only on request: chunk_gated_delta_rule refuses sm_90+ (Triton 3.6's wgmma build of
 # the state kernel gives wrong results there, benchmarks/RESULTS.md), so the row reports that refusal.
 DEFAULT_ROWS = tuple(r for r in ROWS if r != "ours-native")
@@ -174,7 +171,6 @@ def run(ptx_dir: Path, json_out: Path | None, rows_wanted: tuple[str, ...] = ROW
     import torch.nn.functional as F
 
     from caovan_vllm_sm75_turbo3.kernels.gdn import chunk_gated_delta_rule, gated_delta_rule_reference
-    from caovan_vllm_sm75_turbo3.kernels.gdn.configs import shape_class
 
     dev = torch.device("cuda")
     report: dict = {"card": torch.cuda.get_device_name(0), "date": time.strftime("%Y-%m-%d"), "cases": {}}
@@ -209,10 +205,6 @@ def run(ptx_dir: Path, json_out: Path | None, rows_wanted: tuple[str, ...] = ROW
         calls = {}
         for name, impl in impls.items():
             calls[name] = lambda impl=impl: impl(q, k, v, g, beta, h0, cu, ci)[:2]
-        if "ours-sm75-turbo" in impls:  # the other pinned state config, for comparison
-            other = "many" if shape_class(N, HV) == "few" else "few"
-            calls[f"ours-sm75-turbo[{other}-cfg]"] = lambda other=other: impls["ours-sm75-turbo"](
-                q, k, v, g, beta, h0, cu, ci, cls=other)[:2]
         calls["ours-native"] = lambda: chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
                                                               cu_seqlens=cu, chunk_indices=ci)
         if fla_chunk is not None:

@@ -154,17 +154,14 @@ def _shapes(**kw) -> ModelShapes:
     return ModelShapes(**{**base, **kw})
 
 
-def test_plan_covers_each_reachable_state_config_and_ends_with_the_check():
-    from caovan_vllm_sm75_turbo3.kernels.gdn.configs import shape_class
-    two = plan_batches(_shapes(), shape_class)  # 2 x 24 pairs: only the "few" config is reachable
+def test_plan_reaches_both_prep_variants_and_ends_with_the_check():
+    two = plan_batches(_shapes())
     assert two == [Batch((8192,), True), Batch((1, 64, 67), False, check=True)]
-    eight = plan_batches(_shapes(max_num_seqs=8), shape_class)
-    assert [len(b.lengths) for b in eight] == [1, 6, 3]  # 6 x 24 = 144 pairs: the first "many"
-    assert sum(eight[1].lengths) == 8192 and shape_class(6, 24) != shape_class(5, 24)
-    whole_context = plan_batches(_shapes(max_num_batched_tokens=262144, max_num_seqs=8), shape_class)
-    assert [sum(b.lengths) for b in whole_context[:2]] == [16384, 16384]  # capped (MAX_LAUNCH_TOKENS)
-    small = plan_batches(_shapes(max_num_batched_tokens=100), shape_class)
-    assert small[-1] == Batch((1, 64), False, check=True)  # the check never exceeds one step
+    assert plan_batches(_shapes(max_num_seqs=8)) == two  # one pinned config whatever the batch
+    whole_context = plan_batches(_shapes(max_num_batched_tokens=262144, max_num_seqs=8))
+    assert sum(whole_context[0].lengths) == 16384  # capped (MAX_LAUNCH_TOKENS)
+    small = plan_batches(_shapes(max_num_batched_tokens=100))
+    assert small == [Batch((100,), True), Batch((1, 64), False, check=True)]  # the check never exceeds one step
 
 
 def test_model_shapes_from_vllm_config_split_heads_over_tp():
@@ -188,13 +185,13 @@ def test_model_shapes_from_vllm_config_split_heads_over_tp():
 PRECOMPILE_CASES = textwrap.dedent("""
     import json, torch
     from caovan_vllm_sm75_turbo3.kernels.gdn import chunk_gated_delta_rule, gated_delta_rule_reference
-    from caovan_vllm_sm75_turbo3.kernels.gdn.configs import CHUNK, shape_class
+    from caovan_vllm_sm75_turbo3.kernels.gdn.configs import CHUNK
     from caovan_vllm_sm75_turbo3.plugin.dispatch.precompile import ModelShapes, PrecompileError, precompile
     shapes = ModelShapes(key_heads=1, value_heads=2, head_k=64, head_v=64, tp_size=1,
                          max_num_batched_tokens=140, max_num_seqs=2, dtype="float16")
 
     def run(kernel):
-        return precompile(kernel, gated_delta_rule_reference, shapes, shape_class, CHUNK, torch.device("cpu"))
+        return precompile(kernel, gated_delta_rule_reference, shapes, CHUNK, torch.device("cpu"))
 
     def off_by_five_percent(**kw):
         o, s = chunk_gated_delta_rule(**kw)

@@ -17,7 +17,7 @@ Per value head and chunk of BT=64 tokens, with gamma the in-chunk cumulative log
    kd as scratch (no extra buffer).
 2. `_state_kernel`: one program per (value slice, sequence, value head). The state slice [K, BV]
    stays in registers across all chunks; per chunk and 64-row half of K, three tensor-core
-   products, with the next chunk's operands fetched while this one computes. Neither the
+   products, with the next chunk's W and U fetched while this one computes. Neither the
    per-chunk states nor delta (FLA's v_new) ever go to memory.
 
 Fusing step 1 into step 2 would keep W/U on chip as well, but the solve would then run serially
@@ -240,10 +240,11 @@ def _state_kernel(
     ob = o + b64 * (HV * V) + i_h * V
     gb = g + b64 * HV + i_h
     # The chain from one chunk's state to the next runs through two products (delta = U - W S,
-    # then S += Kd^T delta); their operands need no state, so chunk c + 1's W, Kd, U and g are
-    # fetched while chunk c computes (rows past the sequence read 0, so the fetch after the
-    # last chunk is harmless). Q' and O are off the chain and loaded where used: prefetching
-    # them too spilled on sm_75.
+    # then S += Kd^T delta). W, U and g of chunk c + 1 are fetched into registers while chunk c
+    # computes (rows past the sequence read 0, so the fetch after the last chunk is harmless).
+    # Kd and Q' are loaded at the top of their own chunk: Triton stages them into shared memory
+    # at once, so their latency hides behind the W product without holding registers (prefetching
+    # them too spilled at BV=32 and was 10-45 % slower on the H200, benchmarks/RESULTS.md).
     p_w = tl.make_block_ptr(wb, (seq, K), (HV * K, 1), (0, 0), (BT, 64), (1, 0))
     p_q = tl.make_block_ptr(qb, (seq, K), (HV * K, 1), (0, 0), (BT, 64), (1, 0))
     p_kt = tl.make_block_ptr(kb, (K, seq), (1, HV * K), (0, 0), (64, BT), (0, 1))
@@ -251,16 +252,16 @@ def _state_kernel(
     p_o = tl.make_block_ptr(ob, (seq, V), (HV * V, 1), (0, i_v * BV), (BT, BV), (1, 0))
     p_g = tl.make_block_ptr(gb, (seq,), (HV,), (0,), (BT,), (0,))
     n_w1 = tl.load(p_w, boundary_check=(0,))
-    n_k1 = tl.load(p_kt, boundary_check=(1,))
     if K > 64:
         n_w2 = tl.load(tl.advance(p_w, (0, 64)), boundary_check=(0,))
-        n_k2 = tl.load(tl.advance(p_kt, (64, 0)), boundary_check=(1,))
     n_u = tl.load(p_u, boundary_check=(0,))
     n_g = tl.load(p_g, boundary_check=(0,))
     for c in range(0, (seq + BT - 1) // BT):
-        b_w1, b_k1, b_u, b_gc = n_w1, n_k1, n_u, n_g
+        b_w1, b_u, b_gc = n_w1, n_u, n_g
+        b_k1 = tl.load(p_kt, boundary_check=(1,))
         if K > 64:
-            b_w2, b_k2 = n_w2, n_k2
+            b_w2 = n_w2
+            b_k2 = tl.load(tl.advance(p_kt, (64, 0)), boundary_check=(1,))
         b_q1 = tl.load(p_q, boundary_check=(0,))
         if K > 64:
             b_q2 = tl.load(tl.advance(p_q, (0, 64)), boundary_check=(0,))
@@ -273,10 +274,8 @@ def _state_kernel(
         p_o = tl.advance(p_o, (BT, 0))
         p_g = tl.advance(p_g, (BT,))
         n_w1 = tl.load(p_w, boundary_check=(0,))
-        n_k1 = tl.load(p_kt, boundary_check=(1,))
         if K > 64:
             n_w2 = tl.load(tl.advance(p_w, (0, 64)), boundary_check=(0,))
-            n_k2 = tl.load(tl.advance(p_kt, (64, 0)), boundary_check=(1,))
         n_u = tl.load(p_u, boundary_check=(0,))
         n_g = tl.load(p_g, boundary_check=(0,))
 
@@ -319,7 +318,7 @@ class LaunchPlan:
 def plan_launch(*, batch: int, tokens: int, value_heads: int, head_k: int, head_v: int, sequences: int,
                 cu_seqlens: torch.Tensor | None, chunk_indices: torch.Tensor | None) -> LaunchPlan:
     """The launch for these shapes. Reads tensor shapes only, never values (no host sync)."""
-    prep_cfg, state_cfg = select(head_k, head_v, sequences, value_heads)
+    prep_cfg, state_cfg = select(head_k, head_v)
     if cu_seqlens is None:
         n_chunks = batch * triton.cdiv(tokens, CHUNK)
     elif chunk_indices is not None:

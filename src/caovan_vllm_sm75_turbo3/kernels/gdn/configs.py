@@ -13,9 +13,6 @@ from dataclasses import dataclass
 
 CHUNK = 64  # tokens per chunk (BT); the same chunking as vLLM's FLA (FLA_CHUNK_SIZE)
 HEAD_DIMS = (64, 128)  # K and V each; others are refused
-# Fewer (sequence, value head) pairs than this leave SMs idle with 64-wide value slices,
-# so the state kernel then splits V finer. 2 x 68 SMs of a 2080 Ti, rounded down.
-FEW_PAIRS = 128
 
 
 @dataclass(frozen=True)
@@ -45,25 +42,18 @@ PREP: dict[tuple[int, int], PrepConfig] = {
     (128, 128): PrepConfig(block_k=32, num_warps=4),
 }
 
-# (K, V, shape class) -> state config; classes: "few" pairs (long prompts) or "many" (batches).
-STATE: dict[tuple[int, int, str], StateConfig] = {
-    (64, 64, "few"): StateConfig(block_v=16, num_warps=4),
-    (64, 64, "many"): StateConfig(block_v=32, num_warps=8),
-    (64, 128, "few"): StateConfig(block_v=16, num_warps=4),
-    (64, 128, "many"): StateConfig(block_v=32, num_warps=8),
-    (128, 64, "few"): StateConfig(block_v=16, num_warps=4),
-    (128, 64, "many"): StateConfig(block_v=32, num_warps=8),
-    (128, 128, "few"): StateConfig(block_v=16, num_warps=4),
-    (128, 128, "many"): StateConfig(block_v=32, num_warps=8),
+# (K, V) -> state config: 32-wide value slices by 4 warps, for every batch shape. On the H200
+# (2026-12-03) it beat 16-wide/4 warps and 32-wide/8 warps (the previous "few" and "many"
+# configs) for one 4K or 32K prompt, 8 packed and 32 packed sequences, also with occupancy capped
+# to what Turing's 64 KiB of shared memory per SM allows (one program per SM): benchmarks/RESULTS.md.
+STATE: dict[tuple[int, int], StateConfig] = {
+    (64, 64): StateConfig(block_v=32, num_warps=4),
+    (64, 128): StateConfig(block_v=32, num_warps=4),
+    (128, 64): StateConfig(block_v=32, num_warps=4),
+    (128, 128): StateConfig(block_v=32, num_warps=4),
 }
 
 
-def shape_class(num_sequences: int, num_value_heads: int) -> str:
-    """'few' when there are too few (sequence, value head) pairs to fill the GPU, else 'many'."""
-    return "few" if num_sequences * num_value_heads < FEW_PAIRS else "many"
-
-
-def select(head_k: int, head_v: int, num_sequences: int, num_value_heads: int) -> tuple[PrepConfig, StateConfig]:
-    """The pinned (prep, state) configs for these shapes; head dims must be in HEAD_DIMS."""
-    cls = shape_class(num_sequences, num_value_heads)
-    return PREP[(head_k, head_v)], STATE[(head_k, head_v, cls)]
+def select(head_k: int, head_v: int) -> tuple[PrepConfig, StateConfig]:
+    """The pinned (prep, state) configs for these head dims; they must be in HEAD_DIMS."""
+    return PREP[(head_k, head_v)], STATE[(head_k, head_v)]

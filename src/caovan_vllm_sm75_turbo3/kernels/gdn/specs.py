@@ -66,15 +66,15 @@ def prep_spec(head_k: int, head_v: int, *, l2norm: bool, chunk_indices: bool) ->
     return KernelSpec(name, _jit(_prep_kernel), sig, cx, cfg.num_warps)
 
 
-def state_spec(head_k: int, head_v: int, shape_class: str) -> KernelSpec:
+def state_spec(head_k: int, head_v: int) -> KernelSpec:
     """The state kernel for packed sequences with initial and final state."""
-    cfg = STATE[(head_k, head_v, shape_class)]
+    cfg = STATE[(head_k, head_v)]
     sig = {n: "*fp16" for n in ("w", "u", "qd", "kd")}
     sig |= {"g": "*fp32", "o": "*fp16", "h0": "*fp32", "ht": "*fp32", "cu_seqlens": "*i32", "T": "i32"}
     cx = {"HV": SPEC_HEADS[1], "K": head_k, "V": head_v, "BT": CHUNK, "BV": cfg.block_v, "IS_VARLEN": True,
           "USE_INITIAL_STATE": True, "STORE_FINAL_STATE": True}
     sig |= {n: "constexpr" for n in cx}
-    return KernelSpec(f"gdn_state_k{head_k}_v{head_v}_{shape_class}_bv{cfg.block_v}", _jit(_state_kernel), sig, cx, cfg.num_warps)
+    return KernelSpec(f"gdn_state_k{head_k}_v{head_v}_bv{cfg.block_v}", _jit(_state_kernel), sig, cx, cfg.num_warps)
 
 
 def pinned_specs() -> list[KernelSpec]:
@@ -83,6 +83,6 @@ def pinned_specs() -> list[KernelSpec]:
     for head_k, head_v in PREP:
         specs.append(prep_spec(head_k, head_v, l2norm=False, chunk_indices=True))
         specs.append(prep_spec(head_k, head_v, l2norm=True, chunk_indices=False))
-    for head_k, head_v, cls in STATE:
-        specs.append(state_spec(head_k, head_v, cls))
+    for head_k, head_v in STATE:
+        specs.append(state_spec(head_k, head_v))
     return specs

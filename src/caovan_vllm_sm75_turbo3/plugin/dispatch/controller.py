@@ -199,7 +199,7 @@ class Dispatch:
             import torch
 
             from ...kernels.gdn import chunk_gated_delta_rule, gated_delta_rule_reference
-            from ...kernels.gdn.configs import CHUNK, shape_class
+            from ...kernels.gdn.configs import CHUNK
             from ...kernels.gdn.inputs import check_inputs
 
             if torch.cuda.is_available():
@@ -224,7 +224,7 @@ class Dispatch:
                 static_check(shapes, check_inputs)  # also when precompile is off
                 if settings.flashqla_precompile:
                     report = precompile(chunk_gated_delta_rule, gated_delta_rule_reference, shapes,
-                                        shape_class, CHUNK, device)
+                                        CHUNK, device)
             except PrecompileError as err:
                 self.fail(settings, str(err), replacement.upstream_kernel(op))
                 return None

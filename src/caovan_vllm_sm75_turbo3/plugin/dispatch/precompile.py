@@ -3,11 +3,9 @@
 The first `ChunkGatedDeltaRule` built in a process calls `precompile` (model construction comes
 before the profile run and CUDA-graph capture). It reads the shapes from vLLM's config, launches
 our kernel once for every compiled variant vLLM's calls can reach (packed sequences with and
-without vLLM's `chunk_indices`, each state-kernel shape class up to max-num-seqs, and one launch
-at max-num-batched-tokens, at most MAX_LAUNCH_TOKENS) so Triton compiles them now into the
-isolated cache, then checks one
-packed batch (1-token, exact-chunk and ragged sequences, initial state) against the float64
-reference. Any exception or a wrong number is a `PrecompileError`.
+without vLLM's `chunk_indices`; one launch at max-num-batched-tokens, at most MAX_LAUNCH_TOKENS)
+so Triton compiles them now into the isolated cache, then checks one packed batch (1-token,
+exact-chunk and ragged sequences, initial state) against the float64 reference. Any exception or a wrong number is a `PrecompileError`.
 """
 
 from __future__ import annotations
@@ -111,20 +109,14 @@ def static_check(shapes: ModelShapes, check_inputs: Callable[..., Any]) -> None:
         raise PrecompileError(f"our kernel does not take this model ({shapes.describe()}): {err}") from err
 
 
-def plan_batches(shapes: ModelShapes, shape_class: Callable[[int, int], str]) -> list[Batch]:
+def plan_batches(shapes: ModelShapes) -> list[Batch]:
     """The launches that compile every variant vLLM can reach, the self-check batch last.
 
-    `shape_class(num_sequences, value_heads)` is the kernel's own config selector.
+    The kernel pins one config per head-dim pair, whatever the batch, so two launches reach every
+    variant: with vLLM's `chunk_indices` (the longest prompt one step holds) and without.
     """
     tokens = min(shapes.max_num_batched_tokens, MAX_LAUNCH_TOKENS)
-    batches = [Batch((tokens,), chunk_indices=True)]  # the longest prompt one step can hold
-    seen = {shape_class(1, shapes.value_heads)}
-    for n in range(2, min(shapes.max_num_seqs, tokens) + 1):
-        cls = shape_class(n, shapes.value_heads)
-        if cls not in seen:  # the fewest sequences that reach another config
-            seen.add(cls)
-            base, extra = divmod(tokens, n)
-            batches.append(Batch(tuple(base + (i < extra) for i in range(n)), chunk_indices=True))
+    batches = [Batch((tokens,), chunk_indices=True)]
     check: list[int] = []
     for length in SELF_CHECK_LENGTHS:  # as many of them as one step may hold
         if sum(check) + length <= tokens:
@@ -172,7 +164,7 @@ def _rel_err(out: Any, ref: Any) -> float:
 
 
 def precompile(kernel: Callable[..., Any], reference: Callable[..., Any], shapes: ModelShapes,
-               shape_class: Callable[[int, int], str], chunk_size: int, device: Any,
+               chunk_size: int, device: Any,
                seed: int | None = None) -> Report:
     """Launch `kernel` for every planned batch on `device`; check the last against `reference`.
 
@@ -183,7 +175,7 @@ def precompile(kernel: Callable[..., Any], reference: Callable[..., Any], shapes
     gen = torch.Generator().manual_seed(seed if seed is not None else int(time.time_ns() % 2**31))
     start = time.monotonic()
     worst = 0.0
-    batches = plan_batches(shapes, shape_class)
+    batches = plan_batches(shapes)
     for batch in batches:
         x = _inputs(shapes, batch.lengths, device, gen)
         if batch.chunk_indices:
