@@ -117,8 +117,10 @@ class _Sm75:
         self.fns = {}
         for spec in _needed_specs():
             m = self.meta[f"{spec.name}-{build}"]
-            mod = cp.RawModule(path=str(ptx_dir / f"{spec.name}-{build}.ptx"))
-            self.fns[spec.name] = (mod.get_function(m["entry"]), m)
+            fn = cp.RawModule(path=str(ptx_dir / f"{spec.name}-{build}.ptx")).get_function(m["entry"])
+            if m["shared"] > 48 * 1024:  # above 48 KiB a launch needs the opt-in, as Triton's launcher does
+                fn.max_dynamic_shared_size_bytes = m["shared"]
+            self.fns[spec.name] = (fn, m)
 
     def __call__(self, q, k, v, g, beta, h0, cu, ci, *, parts: str = "both", bufs=None):
         """Run prep and/or state on buffers `bufs` (made when None); returns (o, final_state, bufs)."""

@@ -14,11 +14,11 @@ Per value head and chunk of BT=64 tokens, with gamma the in-chunk cumulative log
    fp16 (as FLA stores w and u), O_intra straight into the output. T is solved in 16-row
    blocks: the four diagonal blocks by fp32 forward substitution at once (15 warp-local steps),
    then the blocks below them by tensor-core products, through this program's own rows of w and
-   kd as scratch (no extra buffer).
+   kd as scratch (no extra buffer). Its K and V column loops fetch the next tile ahead.
 2. `_state_kernel`: one program per (value slice, sequence, value head). The state slice [K, BV]
    stays in registers across all chunks; per chunk and 64-row half of K, three tensor-core
-   products, with the next chunk's W and U fetched while this one computes. Neither the
-   per-chunk states nor delta (FLA's v_new) ever go to memory.
+   products whose operands are staged through shared memory as soon as the chunk starts.
+   Neither the per-chunk states nor delta (FLA's v_new) ever go to memory.
 
 Fusing step 1 into step 2 would keep W/U on chip as well, but the solve would then run serially
 chunk after chunk in few programs; for a long prompt (one sequence, 24 heads) the parallel prep
@@ -172,26 +172,31 @@ def _prep_kernel(
     b_t16 = tl.where(in_lower_blocks, tl.load(p_t, boundary_check=(0,)), 0.0).to(tl.float16)
     tl.debug_barrier()  # every thread holds T before the scratch rows are overwritten
 
+    # Both loops fetch the next column tile of their inputs while this one computes (a runtime
+    # loop gets no software pipelining at one stage); past the last column the fetch reads 0.
     e_g = tl.exp(b_gc)
     qdb = qd + b64 * (HV * K) + i_h * K
+    n_k = tl.load(tl.make_block_ptr(kb, (seq, K), (H * K, 1), (t0, 0), (BT, BK), (1, 0)), boundary_check=(0, 1))
+    n_q = tl.load(tl.make_block_ptr(qb, (seq, K), (H * K, 1), (t0, 0), (BT, BK), (1, 0)), boundary_check=(0, 1))
     for j in range(K // BK):
-        p_k = tl.make_block_ptr(kb, (seq, K), (H * K, 1), (t0, j * BK), (BT, BK), (1, 0))
-        b_kn = tl.load(p_k, boundary_check=(0,)).to(tl.float32) * b_rk[:, None]
+        b_kn = n_k.to(tl.float32) * b_rk[:, None]
+        b_qs = n_q.to(tl.float32) * (scale * b_rq * e_g)[:, None]
+        n_k = tl.load(tl.make_block_ptr(kb, (seq, K), (H * K, 1), (t0, (j + 1) * BK), (BT, BK), (1, 0)), boundary_check=(0, 1))
+        n_q = tl.load(tl.make_block_ptr(qb, (seq, K), (H * K, 1), (t0, (j + 1) * BK), (BT, BK), (1, 0)), boundary_check=(0, 1))
         p_kd = tl.make_block_ptr(kdb, (seq, K), (HV * K, 1), (t0, j * BK), (BT, BK), (1, 0))
         tl.store(p_kd, (b_kn * tl.exp(g_last - b_gc)[:, None]).to(tl.float16), boundary_check=(0,))
         b_w = tl.dot(b_t16, (b_kn * (b_beta * e_g)[:, None]).to(tl.float16)).to(tl.float16)
         p_w = tl.make_block_ptr(wb, (seq, K), (HV * K, 1), (t0, j * BK), (BT, BK), (1, 0))
         tl.store(p_w, b_w, boundary_check=(0,))
-        p_q = tl.make_block_ptr(qb, (seq, K), (H * K, 1), (t0, j * BK), (BT, BK), (1, 0))
-        b_qs = tl.load(p_q, boundary_check=(0,)).to(tl.float32) * (scale * b_rq * e_g)[:, None]
         p_qd = tl.make_block_ptr(qdb, (seq, K), (HV * K, 1), (t0, j * BK), (BT, BK), (1, 0))
         tl.store(p_qd, (b_qs - tl.dot(b_p16, b_w)).to(tl.float16), boundary_check=(0,))
     vb = v + b64 * (HV * V) + i_h * V
     ub = u + b64 * (HV * V) + i_h * V
     ob = o + b64 * (HV * V) + i_h * V
+    n_v = tl.load(tl.make_block_ptr(vb, (seq, V), (HV * V, 1), (t0, 0), (BT, BK), (1, 0)), boundary_check=(0, 1))
     for j in range(V // BK):
-        p_v = tl.make_block_ptr(vb, (seq, V), (HV * V, 1), (t0, j * BK), (BT, BK), (1, 0))
-        b_vb = (tl.load(p_v, boundary_check=(0,)).to(tl.float32) * b_beta[:, None]).to(tl.float16)
+        b_vb = (n_v.to(tl.float32) * b_beta[:, None]).to(tl.float16)
+        n_v = tl.load(tl.make_block_ptr(vb, (seq, V), (HV * V, 1), (t0, (j + 1) * BK), (BT, BK), (1, 0)), boundary_check=(0, 1))
         b_u = tl.dot(b_t16, b_vb).to(tl.float16)
         p_u = tl.make_block_ptr(ub, (seq, V), (HV * V, 1), (t0, j * BK), (BT, BK), (1, 0))
         tl.store(p_u, b_u, boundary_check=(0,))
@@ -239,28 +244,24 @@ def _state_kernel(
     ub = u + b64 * (HV * V) + i_h * V
     ob = o + b64 * (HV * V) + i_h * V
     gb = g + b64 * HV + i_h
-    # The chain from one chunk's state to the next runs through two products (delta = U - W S,
-    # then S += Kd^T delta). W, U and g of chunk c + 1 are fetched into registers while chunk c
-    # computes (rows past the sequence read 0, so the fetch after the last chunk is harmless).
-    # Kd and Q' are loaded at the top of their own chunk: Triton stages them into shared memory
-    # at once, so their latency hides behind the W product without holding registers (prefetching
-    # them too spilled at BV=32 and was 10-45 % slower on the H200, benchmarks/RESULTS.md).
+    # Every operand of a chunk is loaded at the top of its iteration: Triton stages W, Kd and Q'
+    # into shared memory straight away, so their latencies overlap one another and the first
+    # product, without holding registers across iterations. Fetching the next chunk's W and U
+    # into registers a step ahead was 5-10 % slower on the H200; fetching Kd too spilled at
+    # BV=32 (benchmarks/RESULTS.md).
     p_w = tl.make_block_ptr(wb, (seq, K), (HV * K, 1), (0, 0), (BT, 64), (1, 0))
     p_q = tl.make_block_ptr(qb, (seq, K), (HV * K, 1), (0, 0), (BT, 64), (1, 0))
     p_kt = tl.make_block_ptr(kb, (K, seq), (1, HV * K), (0, 0), (64, BT), (0, 1))
     p_u = tl.make_block_ptr(ub, (seq, V), (HV * V, 1), (0, i_v * BV), (BT, BV), (1, 0))
     p_o = tl.make_block_ptr(ob, (seq, V), (HV * V, 1), (0, i_v * BV), (BT, BV), (1, 0))
     p_g = tl.make_block_ptr(gb, (seq,), (HV,), (0,), (BT,), (0,))
-    n_w1 = tl.load(p_w, boundary_check=(0,))
-    if K > 64:
-        n_w2 = tl.load(tl.advance(p_w, (0, 64)), boundary_check=(0,))
-    n_u = tl.load(p_u, boundary_check=(0,))
-    n_g = tl.load(p_g, boundary_check=(0,))
     for c in range(0, (seq + BT - 1) // BT):
-        b_w1, b_u, b_gc = n_w1, n_u, n_g
+        b_w1 = tl.load(p_w, boundary_check=(0,))
+        b_u = tl.load(p_u, boundary_check=(0,))
+        b_gc = tl.load(p_g, boundary_check=(0,))
         b_k1 = tl.load(p_kt, boundary_check=(1,))
         if K > 64:
-            b_w2 = n_w2
+            b_w2 = tl.load(tl.advance(p_w, (0, 64)), boundary_check=(0,))
             b_k2 = tl.load(tl.advance(p_kt, (64, 0)), boundary_check=(1,))
         b_q1 = tl.load(p_q, boundary_check=(0,))
         if K > 64:
@@ -273,11 +274,6 @@ def _state_kernel(
         p_u = tl.advance(p_u, (BT, 0))
         p_o = tl.advance(p_o, (BT, 0))
         p_g = tl.advance(p_g, (BT,))
-        n_w1 = tl.load(p_w, boundary_check=(0,))
-        if K > 64:
-            n_w2 = tl.load(tl.advance(p_w, (0, 64)), boundary_check=(0,))
-        n_u = tl.load(p_u, boundary_check=(0,))
-        n_g = tl.load(p_g, boundary_check=(0,))
 
         b_s16 = b_s1.to(tl.float16)
         b_delta = b_u.to(tl.float32) - tl.dot(b_w1, b_s16)
