@@ -5,7 +5,8 @@ before the profile run and CUDA-graph capture). It reads the shapes from vLLM's 
 our kernel once for every compiled variant vLLM's calls can reach (packed sequences with and
 without vLLM's `chunk_indices`; one launch at max-num-batched-tokens, at most MAX_LAUNCH_TOKENS)
 so Triton compiles them now into the isolated cache, then checks one packed batch (1-token,
-exact-chunk and ragged sequences, initial state) against the float64 reference. Any exception or a wrong number is a `PrecompileError`.
+exact-chunk and ragged sequences, initial state) against the float64 reference. Any exception
+or a wrong number is a `PrecompileError`.
 """
 
 from __future__ import annotations
