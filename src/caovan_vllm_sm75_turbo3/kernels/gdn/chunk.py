@@ -176,13 +176,17 @@ def _prep_kernel(
     # loop gets no software pipelining at one stage); past the last column the fetch reads 0.
     e_g = tl.exp(b_gc)
     qdb = qd + b64 * (HV * K) + i_h * K
-    n_k = tl.load(tl.make_block_ptr(kb, (seq, K), (H * K, 1), (t0, 0), (BT, BK), (1, 0)), boundary_check=(0, 1))
-    n_q = tl.load(tl.make_block_ptr(qb, (seq, K), (H * K, 1), (t0, 0), (BT, BK), (1, 0)), boundary_check=(0, 1))
+    p_kn = tl.make_block_ptr(kb, (seq, K), (H * K, 1), (t0, 0), (BT, BK), (1, 0))
+    p_qn = tl.make_block_ptr(qb, (seq, K), (H * K, 1), (t0, 0), (BT, BK), (1, 0))
+    n_k = tl.load(p_kn, boundary_check=(0, 1))
+    n_q = tl.load(p_qn, boundary_check=(0, 1))
     for j in range(K // BK):
         b_kn = n_k.to(tl.float32) * b_rk[:, None]
         b_qs = n_q.to(tl.float32) * (scale * b_rq * e_g)[:, None]
-        n_k = tl.load(tl.make_block_ptr(kb, (seq, K), (H * K, 1), (t0, (j + 1) * BK), (BT, BK), (1, 0)), boundary_check=(0, 1))
-        n_q = tl.load(tl.make_block_ptr(qb, (seq, K), (H * K, 1), (t0, (j + 1) * BK), (BT, BK), (1, 0)), boundary_check=(0, 1))
+        p_kn = tl.advance(p_kn, (0, BK))
+        p_qn = tl.advance(p_qn, (0, BK))
+        n_k = tl.load(p_kn, boundary_check=(0, 1))
+        n_q = tl.load(p_qn, boundary_check=(0, 1))
         p_kd = tl.make_block_ptr(kdb, (seq, K), (HV * K, 1), (t0, j * BK), (BT, BK), (1, 0))
         tl.store(p_kd, (b_kn * tl.exp(g_last - b_gc)[:, None]).to(tl.float16), boundary_check=(0,))
         b_w = tl.dot(b_t16, (b_kn * (b_beta * e_g)[:, None]).to(tl.float16)).to(tl.float16)
@@ -193,10 +197,12 @@ def _prep_kernel(
     vb = v + b64 * (HV * V) + i_h * V
     ub = u + b64 * (HV * V) + i_h * V
     ob = o + b64 * (HV * V) + i_h * V
-    n_v = tl.load(tl.make_block_ptr(vb, (seq, V), (HV * V, 1), (t0, 0), (BT, BK), (1, 0)), boundary_check=(0, 1))
+    p_vn = tl.make_block_ptr(vb, (seq, V), (HV * V, 1), (t0, 0), (BT, BK), (1, 0))
+    n_v = tl.load(p_vn, boundary_check=(0, 1))
     for j in range(V // BK):
         b_vb = (n_v.to(tl.float32) * b_beta[:, None]).to(tl.float16)
-        n_v = tl.load(tl.make_block_ptr(vb, (seq, V), (HV * V, 1), (t0, (j + 1) * BK), (BT, BK), (1, 0)), boundary_check=(0, 1))
+        p_vn = tl.advance(p_vn, (0, BK))
+        n_v = tl.load(p_vn, boundary_check=(0, 1))
         b_u = tl.dot(b_t16, b_vb).to(tl.float16)
         p_u = tl.make_block_ptr(ub, (seq, V), (HV * V, 1), (t0, j * BK), (BT, BK), (1, 0))
         tl.store(p_u, b_u, boundary_check=(0,))
