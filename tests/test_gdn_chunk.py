@@ -190,9 +190,9 @@ def test_launch_plan_reads_no_tensor_values():
     cu = torch.empty(9, dtype=torch.int32, device=meta)
     plan = chunk.plan_launch(batch=1, tokens=T, value_heads=HV, head_k=128, head_v=128, sequences=8,
                              cu_seqlens=cu, chunk_indices=None)
-    assert plan.prep_grid == (-(-T // CHUNK) + 8, HV)
+    assert plan.prep_grid == ((-(-T // CHUNK) + 8) * HV,)
     ci = torch.empty(11, 2, dtype=torch.int32, device=meta)
     plan = chunk.plan_launch(batch=1, tokens=T, value_heads=HV, head_k=128, head_v=128, sequences=8,
                              cu_seqlens=cu, chunk_indices=ci)
-    assert plan.prep_grid == (11, HV)
+    assert plan.prep_grid == (11 * HV,)
     assert plan.state_grid == (128 // plan.state.block_v, 8 * HV)

@@ -53,8 +53,10 @@ def _prep_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_CHUNK_INDICES: tl.constexpr, USE_L2NORM: tl.constexpr, EPS: tl.constexpr,
 ):
-    i_c = tl.program_id(0)
-    i_h = tl.program_id(1)
+    # Heads vary fastest, so the programs in flight share their chunks: the HV / H value heads
+    # of a key head then find its k and q in L2.
+    i_c = tl.program_id(0) // HV
+    i_h = tl.program_id(0) % HV
     i_hk = i_h // (HV // H)
     if IS_VARLEN:
         if HAS_CHUNK_INDICES:
@@ -313,7 +315,7 @@ class LaunchPlan:
 
     prep: PrepConfig
     state: StateConfig
-    prep_grid: tuple[int, int]
+    prep_grid: tuple[int]
     state_grid: tuple[int, int]
 
 
@@ -327,7 +329,7 @@ def plan_launch(*, batch: int, tokens: int, value_heads: int, head_k: int, head_
         n_chunks = chunk_indices.shape[0]
     else:
         n_chunks = triton.cdiv(tokens, CHUNK) + sequences  # sum(ceil(len_i / BT)) <= T / BT + N
-    return LaunchPlan(prep_cfg, state_cfg, (n_chunks, value_heads),
+    return LaunchPlan(prep_cfg, state_cfg, (n_chunks * value_heads,),
                       (head_v // state_cfg.block_v, sequences * value_heads))
 
 
