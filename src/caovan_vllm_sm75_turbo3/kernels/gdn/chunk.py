@@ -14,7 +14,8 @@ Per value head and chunk of BT=64 tokens, with gamma the in-chunk cumulative log
    fp16 (as FLA stores w and u), O_intra straight into the output. T is solved in 16-row
    blocks: the four diagonal blocks by fp32 forward substitution at once (15 warp-local steps),
    then the blocks below them by tensor-core products, through this program's own rows of w and
-   kd as scratch (no extra buffer). Its K and V column loops fetch the next tile ahead.
+   kd as scratch (no extra buffer). One loop walks the K and V column tiles together, each
+   fetched one iteration ahead. The grid is flat with value heads fastest.
 2. `_state_kernel`: one program per (value slice, sequence, value head). The state slice [K, BV]
    stays in registers across all chunks; per chunk and 64-row half of K, three tensor-core
    products whose operands are staged through shared memory as soon as the chunk starts.
@@ -174,42 +175,45 @@ def _prep_kernel(
     b_t16 = tl.where(in_lower_blocks, tl.load(p_t, boundary_check=(0,)), 0.0).to(tl.float16)
     tl.debug_barrier()  # every thread holds T before the scratch rows are overwritten
 
-    # Both loops fetch the next column tile of their inputs while this one computes (a runtime
-    # loop gets no software pipelining at one stage); past the last column the fetch reads 0.
+    # One loop over the column tiles of K and V together (the two chains of products interleave;
+    # 8 % faster than a loop each on the H200). Each tile's inputs are fetched one iteration
+    # ahead (a runtime loop gets no software pipelining at one stage); past the last column the
+    # fetch reads 0. With K != V the shorter side's work is skipped past its last tile.
     e_g = tl.exp(b_gc)
     qdb = qd + b64 * (HV * K) + i_h * K
-    p_kn = tl.make_block_ptr(kb, (seq, K), (H * K, 1), (t0, 0), (BT, BK), (1, 0))
-    p_qn = tl.make_block_ptr(qb, (seq, K), (H * K, 1), (t0, 0), (BT, BK), (1, 0))
-    n_k = tl.load(p_kn, boundary_check=(0, 1))
-    n_q = tl.load(p_qn, boundary_check=(0, 1))
-    for j in range(K // BK):
-        b_kn = n_k.to(tl.float32) * b_rk[:, None]
-        b_qs = n_q.to(tl.float32) * (scale * b_rq * e_g)[:, None]
-        p_kn = tl.advance(p_kn, (0, BK))
-        p_qn = tl.advance(p_qn, (0, BK))
-        n_k = tl.load(p_kn, boundary_check=(0, 1))
-        n_q = tl.load(p_qn, boundary_check=(0, 1))
-        p_kd = tl.make_block_ptr(kdb, (seq, K), (HV * K, 1), (t0, j * BK), (BT, BK), (1, 0))
-        tl.store(p_kd, (b_kn * tl.exp(g_last - b_gc)[:, None]).to(tl.float16), boundary_check=(0,))
-        b_w = tl.dot(b_t16, (b_kn * (b_beta * e_g)[:, None]).to(tl.float16)).to(tl.float16)
-        p_w = tl.make_block_ptr(wb, (seq, K), (HV * K, 1), (t0, j * BK), (BT, BK), (1, 0))
-        tl.store(p_w, b_w, boundary_check=(0,))
-        p_qd = tl.make_block_ptr(qdb, (seq, K), (HV * K, 1), (t0, j * BK), (BT, BK), (1, 0))
-        tl.store(p_qd, (b_qs - tl.dot(b_p16, b_w)).to(tl.float16), boundary_check=(0,))
     vb = v + b64 * (HV * V) + i_h * V
     ub = u + b64 * (HV * V) + i_h * V
     ob = o + b64 * (HV * V) + i_h * V
+    p_kn = tl.make_block_ptr(kb, (seq, K), (H * K, 1), (t0, 0), (BT, BK), (1, 0))
+    p_qn = tl.make_block_ptr(qb, (seq, K), (H * K, 1), (t0, 0), (BT, BK), (1, 0))
     p_vn = tl.make_block_ptr(vb, (seq, V), (HV * V, 1), (t0, 0), (BT, BK), (1, 0))
+    n_k = tl.load(p_kn, boundary_check=(0, 1))
+    n_q = tl.load(p_qn, boundary_check=(0, 1))
     n_v = tl.load(p_vn, boundary_check=(0, 1))
-    for j in range(V // BK):
+    for j in range(max(K, V) // BK):
+        b_kn = n_k.to(tl.float32) * b_rk[:, None]
+        b_qs = n_q.to(tl.float32) * (scale * b_rq * e_g)[:, None]
         b_vb = (n_v.to(tl.float32) * b_beta[:, None]).to(tl.float16)
+        p_kn = tl.advance(p_kn, (0, BK))
+        p_qn = tl.advance(p_qn, (0, BK))
         p_vn = tl.advance(p_vn, (0, BK))
+        n_k = tl.load(p_kn, boundary_check=(0, 1))
+        n_q = tl.load(p_qn, boundary_check=(0, 1))
         n_v = tl.load(p_vn, boundary_check=(0, 1))
-        b_u = tl.dot(b_t16, b_vb).to(tl.float16)
-        p_u = tl.make_block_ptr(ub, (seq, V), (HV * V, 1), (t0, j * BK), (BT, BK), (1, 0))
-        tl.store(p_u, b_u, boundary_check=(0,))
-        p_o = tl.make_block_ptr(ob, (seq, V), (HV * V, 1), (t0, j * BK), (BT, BK), (1, 0))
-        tl.store(p_o, tl.dot(b_p16, b_u).to(o.dtype.element_ty), boundary_check=(0,))
+        if j < K // BK:
+            p_kd = tl.make_block_ptr(kdb, (seq, K), (HV * K, 1), (t0, j * BK), (BT, BK), (1, 0))
+            tl.store(p_kd, (b_kn * tl.exp(g_last - b_gc)[:, None]).to(tl.float16), boundary_check=(0,))
+            b_w = tl.dot(b_t16, (b_kn * (b_beta * e_g)[:, None]).to(tl.float16)).to(tl.float16)
+            p_w = tl.make_block_ptr(wb, (seq, K), (HV * K, 1), (t0, j * BK), (BT, BK), (1, 0))
+            tl.store(p_w, b_w, boundary_check=(0,))
+            p_qd = tl.make_block_ptr(qdb, (seq, K), (HV * K, 1), (t0, j * BK), (BT, BK), (1, 0))
+            tl.store(p_qd, (b_qs - tl.dot(b_p16, b_w)).to(tl.float16), boundary_check=(0,))
+        if j < V // BK:
+            b_u = tl.dot(b_t16, b_vb).to(tl.float16)
+            p_u = tl.make_block_ptr(ub, (seq, V), (HV * V, 1), (t0, j * BK), (BT, BK), (1, 0))
+            tl.store(p_u, b_u, boundary_check=(0,))
+            p_o = tl.make_block_ptr(ob, (seq, V), (HV * V, 1), (t0, j * BK), (BT, BK), (1, 0))
+            tl.store(p_o, tl.dot(b_p16, b_u).to(o.dtype.element_ty), boundary_check=(0,))
 
 
 @triton.jit(do_not_specialize=["T"])
