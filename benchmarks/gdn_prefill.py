@@ -122,33 +122,50 @@ class _Sm75:
                 fn.max_dynamic_shared_size_bytes = m["shared"]
             self.fns[spec.name] = (fn, m)
 
-    def __call__(self, q, k, v, g, beta, h0, cu, ci, *, parts: str = "both", bufs=None):
-        """Run prep and/or state on buffers `bufs` (made when None); returns (o, final_state, bufs)."""
+    def __call__(self, q, k, v, g, beta, h0, cu, ci, *, parts: str = "both", bufs=None, segment_chunks=None):
+        """Run prep and/or state on buffers `bufs` (made when None); returns (o, final_state, bufs).
+
+        Segments and streams as the product launches them (chunk.run_segments); `segment_chunks`
+        overrides the pinned segment length."""
+        import cupy as cp
         import numpy as np
         import torch
 
-        from caovan_vllm_sm75_turbo3.kernels.gdn.chunk import plan_launch
+        from caovan_vllm_sm75_turbo3.kernels.gdn.chunk import SEGMENT_CHUNKS, plan_launch, run_segments
         from caovan_vllm_sm75_turbo3.kernels.gdn.specs import state_spec
 
         T, N = q.shape[1], cu.numel() - 1
-        plan = plan_launch(batch=1, tokens=T, value_heads=HV, head_k=D, head_v=D, sequences=N,
-                           cu_seqlens=cu, chunk_indices=ci)
+        plan = plan_launch(batch=1, tokens=T, value_heads=HV, head_k=D, head_v=D, sequences=N, cu_seqlens=cu,
+                           chunk_indices=ci, segment_chunks=segment_chunks or SEGMENT_CHUNKS)
         if bufs is None:
             bufs = [torch.empty(1, T, HV, D, dtype=torch.float16, device=q.device) for _ in range(5)]
             bufs.append(torch.empty(N, HV, D, D, dtype=torch.float32, device=q.device))
         o, w, qd, kd, u, ht = bufs
         ptr = lambda t: np.uint64(t.data_ptr())  # noqa: E731
         zero = (np.uint64(0), np.uint64(0))  # Triton 3.6's global and profile scratch pointers
-        if parts in ("both", "prep"):
+        stream = lambda: cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)  # noqa: E731
+
+        def prep(seg):
             fn, m = self.fns["gdn_prep_k128_v128_ci"]
-            fn(plan.prep_grid, (m["num_warps"] * 32,),
+            fn(plan.prep_grid(seg, HV), (m["num_warps"] * 32,),
                (ptr(q), ptr(k), ptr(v), ptr(g), ptr(beta), ptr(w), ptr(u), ptr(qd), ptr(kd), ptr(o), ptr(cu),
-                ptr(ci), np.int32(T), np.int32(N), np.float32(D ** -0.5)) + zero, shared_mem=m["shared"])
-        if parts in ("both", "state"):
+                ptr(ci), np.int32(T), np.int32(N), np.int32(seg[0]), np.float32(D ** -0.5)) + zero,
+               shared_mem=m["shared"], stream=stream())
+
+        def state(seg):
             fn, m = self.fns[state_spec(D, D).name]
             fn(plan.state_grid, (m["num_warps"] * 32,),
-               (ptr(w), ptr(u), ptr(qd), ptr(kd), ptr(g), ptr(o), ptr(h0), ptr(ht), ptr(cu), np.int32(T)) + zero,
-               shared_mem=m["shared"])
+               (ptr(w), ptr(u), ptr(qd), ptr(kd), ptr(g), ptr(o), ptr(h0), ptr(ht), ptr(ht), ptr(cu), np.int32(T),
+                np.int32(seg[0]), np.int32(seg[1])) + zero, shared_mem=m["shared"], stream=stream())
+
+        if parts == "prep":
+            for seg in plan.segments:
+                prep(seg)
+        elif parts == "state":
+            for seg in plan.segments:
+                state(seg)
+        else:
+            run_segments(plan, q.device, prep, state)
         return o, ht, bufs
 
 

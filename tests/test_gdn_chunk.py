@@ -184,15 +184,46 @@ def test_refuses_mismatched_initial_state():
 
 
 def test_launch_plan_reads_no_tensor_values():
-    """Grids and configs come from shapes alone: on the meta device any value read would raise."""
+    """Grids, configs and segments come from shapes alone: on the meta device any value read would raise."""
     meta = torch.device("meta")
     T, HV = 300, 24
     cu = torch.empty(9, dtype=torch.int32, device=meta)
     plan = chunk.plan_launch(batch=1, tokens=T, value_heads=HV, head_k=128, head_v=128, sequences=8,
                              cu_seqlens=cu, chunk_indices=None)
-    assert plan.prep_grid == ((-(-T // CHUNK) + 8) * HV,)
+    assert plan.n_chunks == -(-T // CHUNK) + 8 and plan.segments == ((0, plan.n_chunks),)
+    assert plan.prep_grid(plan.segments[0], HV) == (plan.n_chunks * HV,)
     ci = torch.empty(11, 2, dtype=torch.int32, device=meta)
     plan = chunk.plan_launch(batch=1, tokens=T, value_heads=HV, head_k=128, head_v=128, sequences=8,
-                             cu_seqlens=cu, chunk_indices=ci)
-    assert plan.prep_grid == (11 * HV,)
+                             cu_seqlens=cu, chunk_indices=ci, segment_chunks=4)
+    assert plan.segments == ((0, 4), (4, 8), (8, 11))
+    assert [plan.prep_grid(s, HV) for s in plan.segments] == [(4 * HV,), (4 * HV,), (3 * HV,)]
     assert plan.state_grid == (128 // plan.state.block_v, 8 * HV)
+
+
+SEGMENT_CASES = [
+    # id, lens (B=1 packed) or None for a batch of 2 rows of 150, initial state, final state, chunk_indices
+    ("packed-edges", [1, 64, 130, 37, 200], True, True, True),
+    ("packed-no-final-search", [150, 1, 64, 90], False, False, False),
+    ("batched-rows", None, True, True, False),
+]
+
+
+@pytest.mark.parametrize("case", SEGMENT_CASES, ids=[c[0] for c in SEGMENT_CASES])
+@pytest.mark.parametrize("segment_chunks", [1, 2, 3])
+def test_segmented_launch_equals_one_launch(case, segment_chunks, monkeypatch):
+    """Splitting the chunks into segments (state carried between launches) changes no bit."""
+    _, lens, with_state, final, with_ci = case
+    B = 1 if lens is not None else 2
+    q, k, v, g, beta, h0 = _inputs(lens or [150], B, 1, 2, 64, 64, normalized=True, with_state=with_state)
+    kw = dict(initial_state=h0, output_final_state=final)
+    if lens is not None:
+        kw |= dict(cu_seqlens=_cu(lens), chunk_indices=_chunk_indices(lens) if with_ci else None)
+    o1, st1 = chunk_gated_delta_rule(q, k, v, g, beta, **kw)
+    monkeypatch.setattr(chunk, "SEGMENT_CHUNKS", segment_chunks)
+    o2, st2 = chunk_gated_delta_rule(q, k, v, g, beta, **kw)
+    ro, rs = gated_delta_rule_reference(q, k, v, g, beta, **{n: x for n, x in kw.items() if n != "chunk_indices"})
+    assert _rel(o2, ro) <= BUDGET and torch.equal(o1, o2)
+    if final:
+        assert _rel(st2, rs) <= BUDGET and torch.equal(st1, st2)
+    else:
+        assert st1 is None and st2 is None

@@ -21,6 +21,12 @@ Per value head and chunk of BT=64 tokens, with gamma the in-chunk cumulative log
    products whose operands are staged through shared memory as soon as the chunk starts.
    Neither the per-chunk states nor delta (FLA's v_new) ever go to memory.
 
+A long prompt runs as segments of SEGMENT_CHUNKS flat chunks (`run_segments`): one prep and
+one state launch each, the state pass on a second stream, so the prep of segment i+1 fills the
+SMs that the few state programs leave idle while they work through segment i. Between
+segments each state program parks its fp32 slice in the final-state buffer (or a scratch one);
+the arithmetic is the same, so the result is bitwise that of one launch each.
+
 Fusing step 1 into step 2 would keep W/U on chip as well, but the solve would then run serially
 chunk after chunk in few programs; for a long prompt (one sequence, 24 heads) the parallel prep
 should be the faster split (the fused variant was not built). All matrix products take fp16
@@ -34,29 +40,30 @@ each program finds its sequence on the device.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from .configs import CHUNK, PrepConfig, StateConfig, select
+from .configs import CHUNK, SEGMENT_CHUNKS, PrepConfig, StateConfig, select
 from .inputs import check_inputs
 from .reference import L2NORM_EPS
 
 
-@triton.jit(do_not_specialize=["T", "N"])
+@triton.jit(do_not_specialize=["T", "N", "c_off"])
 def _prep_kernel(
     q, k, v, g, beta,  # inputs: [*, H, K] fp16 x2, [*, HV, V] fp16, [*, HV] fp32 x2
     w, u, qd, kd, o,  # outputs: [*, HV, K] fp16, [*, HV, V] fp16, [*, HV, K] fp16 x2, [*, HV, V]
     cu_seqlens, chunk_indices,  # int32/int64 or None
-    T, N, scale,
+    T, N, c_off, scale,  # c_off: flat index of this launch's first chunk (a segment's start)
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     IS_VARLEN: tl.constexpr, HAS_CHUNK_INDICES: tl.constexpr, USE_L2NORM: tl.constexpr, EPS: tl.constexpr,
 ):
     # Heads vary fastest, so the programs in flight share their chunks: the HV / H value heads
     # of a key head then find its k and q in L2.
-    i_c = tl.program_id(0) // HV
+    i_c = c_off + tl.program_id(0) // HV
     i_h = tl.program_id(0) % HV
     i_hk = i_h // (HV // H)
     if IS_VARLEN:
@@ -216,12 +223,13 @@ def _prep_kernel(
             tl.store(p_o, tl.dot(b_p16, b_u).to(o.dtype.element_ty), boundary_check=(0,))
 
 
-@triton.jit(do_not_specialize=["T"])
+@triton.jit(do_not_specialize=["T", "f_lo", "f_hi"])
 def _state_kernel(
     w, u, qd, kd, g, o,  # from the prep kernel, g [*, HV] fp32, o [*, HV, V] (read, then final)
     h0, ht,  # [N, HV, V, K] fp32 or None
+    carry,  # [N, HV, V, K] fp32: the state between segments (ht itself when the final state is kept)
     cu_seqlens,
-    T,
+    T, f_lo, f_hi,  # this launch's segment: the chunks of flat index f_lo <= f < f_hi
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
     IS_VARLEN: tl.constexpr, USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
 ):
@@ -229,18 +237,32 @@ def _state_kernel(
     i_nh = tl.program_id(1)
     i_n = i_nh // HV
     i_h = i_nh % HV
+    # f0: flat index of this sequence's first chunk, in the order the prep numbers chunks.
     if IS_VARLEN:
         bos = tl.load(cu_seqlens + i_n).to(tl.int32)
         eos = tl.load(cu_seqlens + i_n + 1).to(tl.int32)
+        f0 = i_n * 0
+        for m in range(0, i_n):
+            f0 += (tl.load(cu_seqlens + m + 1).to(tl.int32) - tl.load(cu_seqlens + m).to(tl.int32) + BT - 1) // BT
     else:
         bos = i_n * T
         eos = bos + T
+        f0 = i_n * ((T + BT - 1) // BT)
 
     seq = eos - bos
+    n_c = (seq + BT - 1) // BT
+    c_lo = tl.minimum(tl.maximum(f_lo - f0, 0), n_c)  # this segment's chunks of the sequence
+    c_hi = tl.minimum(tl.maximum(f_hi - f0, 0), n_c)
     b64 = bos.to(tl.int64)
     # The state is kept transposed, S^T [K, BV], in 64-row halves: each product then holds
-    # only a [64, BV] operand, which keeps the kernel within Turing's registers.
-    if USE_INITIAL_STATE:
+    # only a [64, BV] operand, which keeps the kernel within Turing's registers. A segment
+    # after the sequence's first starts from the carried state.
+    p_cy = tl.make_block_ptr(carry + i_nh.to(tl.int64) * (V * K), (K, V), (1, K), (0, i_v * BV), (64, BV), (0, 1))
+    if c_lo > 0:
+        b_s1 = tl.load(p_cy)
+        if K > 64:
+            b_s2 = tl.load(tl.advance(p_cy, (64, 0)))
+    elif USE_INITIAL_STATE:
         p_h0 = tl.make_block_ptr(h0 + i_nh.to(tl.int64) * (V * K), (K, V), (1, K), (0, i_v * BV), (64, BV), (0, 1))
         b_s1 = tl.load(p_h0).to(tl.float32)
         if K > 64:
@@ -261,13 +283,14 @@ def _state_kernel(
     # product, without holding registers across iterations. Fetching the next chunk's W and U
     # into registers a step ahead was 5-10 % slower on the H200; fetching Kd too spilled at
     # BV=32 (benchmarks/RESULTS.md).
-    p_w = tl.make_block_ptr(wb, (seq, K), (HV * K, 1), (0, 0), (BT, 64), (1, 0))
-    p_q = tl.make_block_ptr(qb, (seq, K), (HV * K, 1), (0, 0), (BT, 64), (1, 0))
-    p_kt = tl.make_block_ptr(kb, (K, seq), (1, HV * K), (0, 0), (64, BT), (0, 1))
-    p_u = tl.make_block_ptr(ub, (seq, V), (HV * V, 1), (0, i_v * BV), (BT, BV), (1, 0))
-    p_o = tl.make_block_ptr(ob, (seq, V), (HV * V, 1), (0, i_v * BV), (BT, BV), (1, 0))
-    p_g = tl.make_block_ptr(gb, (seq,), (HV,), (0,), (BT,), (0,))
-    for c in range(0, (seq + BT - 1) // BT):
+    t_lo = c_lo * BT
+    p_w = tl.make_block_ptr(wb, (seq, K), (HV * K, 1), (t_lo, 0), (BT, 64), (1, 0))
+    p_q = tl.make_block_ptr(qb, (seq, K), (HV * K, 1), (t_lo, 0), (BT, 64), (1, 0))
+    p_kt = tl.make_block_ptr(kb, (K, seq), (1, HV * K), (0, t_lo), (64, BT), (0, 1))
+    p_u = tl.make_block_ptr(ub, (seq, V), (HV * V, 1), (t_lo, i_v * BV), (BT, BV), (1, 0))
+    p_o = tl.make_block_ptr(ob, (seq, V), (HV * V, 1), (t_lo, i_v * BV), (BT, BV), (1, 0))
+    p_g = tl.make_block_ptr(gb, (seq,), (HV,), (t_lo,), (BT,), (0,))
+    for c in range(c_lo, c_hi):
         b_w1 = tl.load(p_w, boundary_check=(0,))
         b_u = tl.load(p_u, boundary_check=(0,))
         b_gc = tl.load(p_g, boundary_check=(0,))
@@ -301,7 +324,12 @@ def _state_kernel(
         if K > 64:
             b_s2 = b_s2 * decay + tl.dot(b_k2, b_d16)
 
-    if STORE_FINAL_STATE:
+    # The last segment of the sequence writes the final state; an earlier one, the carry.
+    if c_hi < n_c:
+        tl.store(p_cy, b_s1)
+        if K > 64:
+            tl.store(tl.advance(p_cy, (64, 0)), b_s2)
+    elif STORE_FINAL_STATE:
         p_ht = tl.make_block_ptr(ht + i_nh.to(tl.int64) * (V * K), (K, V), (1, K), (0, i_v * BV), (64, BV), (0, 1))
         tl.store(p_ht, b_s1)
         if K > 64:
@@ -315,16 +343,27 @@ def _alloc(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
 
 @dataclass(frozen=True)
 class LaunchPlan:
-    """Grids and pinned configs of one call, decided from shapes alone."""
+    """Grids, pinned configs and segments of one call, decided from shapes alone.
+
+    `segments` are windows [lo, hi) of flat chunk indices (sequence by sequence, chunk by chunk,
+    the order of vLLM's chunk_indices). Each window gets its own prep and state launch, so the
+    prep of window i+1 runs while the state pass works through window i.
+    """
 
     prep: PrepConfig
     state: StateConfig
-    prep_grid: tuple[int]
+    n_chunks: int  # flat chunks the prep grid covers (an upper bound without chunk_indices)
+    segments: tuple[tuple[int, int], ...]
     state_grid: tuple[int, int]
+
+    def prep_grid(self, segment: tuple[int, int], value_heads: int) -> tuple[int]:
+        """The prep grid of one segment: one program per (chunk, value head), heads fastest."""
+        return ((segment[1] - segment[0]) * value_heads,)
 
 
 def plan_launch(*, batch: int, tokens: int, value_heads: int, head_k: int, head_v: int, sequences: int,
-                cu_seqlens: torch.Tensor | None, chunk_indices: torch.Tensor | None) -> LaunchPlan:
+                cu_seqlens: torch.Tensor | None, chunk_indices: torch.Tensor | None,
+                segment_chunks: int = SEGMENT_CHUNKS) -> LaunchPlan:
     """The launch for these shapes. Reads tensor shapes only, never values (no host sync)."""
     prep_cfg, state_cfg = select(head_k, head_v)
     if cu_seqlens is None:
@@ -333,8 +372,35 @@ def plan_launch(*, batch: int, tokens: int, value_heads: int, head_k: int, head_
         n_chunks = chunk_indices.shape[0]
     else:
         n_chunks = triton.cdiv(tokens, CHUNK) + sequences  # sum(ceil(len_i / BT)) <= T / BT + N
-    return LaunchPlan(prep_cfg, state_cfg, (n_chunks * value_heads,),
-                      (head_v // state_cfg.block_v, sequences * value_heads))
+    segments = tuple((lo, min(lo + segment_chunks, n_chunks)) for lo in range(0, n_chunks, segment_chunks))
+    return LaunchPlan(prep_cfg, state_cfg, n_chunks, segments, (head_v // state_cfg.block_v, sequences * value_heads))
+
+
+def run_segments(plan: LaunchPlan, device: torch.device, prep: Callable[[tuple[int, int]], None],
+                 state: Callable[[tuple[int, int]], None]) -> None:
+    """Launch each segment's prep, then its state pass, overlapping the two on a CUDA device.
+
+    The preps go on the current stream; the state passes on a high-priority pooled stream that
+    waits for each segment's prep and joins back at the end (so CUDA graph capture sees one
+    fork and join, and the caching allocator needs no extra bookkeeping: every buffer is used
+    on the side stream only before the join). Elsewhere (the CPU interpreter) they run in turn.
+    """
+    if device.type != "cuda" or len(plan.segments) == 1:
+        for seg in plan.segments:
+            prep(seg)
+            state(seg)
+        return
+    main = torch.cuda.current_stream(device)
+    side = torch.cuda.Stream(device=device, priority=-1)
+    side.wait_stream(main)
+    for seg in plan.segments:
+        prep(seg)
+        done = torch.cuda.Event()
+        done.record(main)
+        side.wait_event(done)
+        with torch.cuda.stream(side):
+            state(seg)
+    main.wait_stream(side)
 
 
 def chunk_gated_delta_rule(
@@ -371,7 +437,7 @@ def chunk_gated_delta_rule(
     s = check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, chunk_indices, core_attn_out)
     B, T, H, HV, K, V, N = s.batch, s.tokens, s.key_heads, s.value_heads, s.head_k, s.head_v, s.sequences
     plan = plan_launch(batch=B, tokens=T, value_heads=HV, head_k=K, head_v=V, sequences=N,
-                       cu_seqlens=cu_seqlens, chunk_indices=chunk_indices)
+                       cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, segment_chunks=SEGMENT_CHUNKS)
     dev = q.device
     if scale is None:
         scale = K**-0.5
@@ -392,19 +458,34 @@ def chunk_gated_delta_rule(
     final_state = _alloc((N, HV, V, K), torch.float32, dev) if output_final_state else None
 
     is_varlen = cu_seqlens is not None
-    if T == 0 or plan.prep_grid[0] == 0:
+    if T == 0 or plan.n_chunks == 0:
         if final_state is not None:
             final_state.copy_(initial_state if initial_state is not None else torch.zeros_like(final_state))
         return o, final_state
-    _prep_kernel[plan.prep_grid](
-        q, k, v, g, beta, w, u, qd, kd, o, cu_seqlens, chunk_indices, T, N, float(scale),
-        H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=plan.prep.block_k, IS_VARLEN=is_varlen, HAS_CHUNK_INDICES=chunk_indices is not None,
-        USE_L2NORM=bool(use_qk_l2norm_in_kernel), EPS=L2NORM_EPS, num_warps=plan.prep.num_warps, num_stages=1,
-    )
-    _state_kernel[plan.state_grid](
-        w, u, qd, kd, g, o, initial_state, final_state, cu_seqlens, T,
-        HV=HV, K=K, V=V, BT=CHUNK, BV=plan.state.block_v, IS_VARLEN=is_varlen,
-        USE_INITIAL_STATE=initial_state is not None, STORE_FINAL_STATE=final_state is not None,
-        num_warps=plan.state.num_warps, num_stages=1,
-    )
+    # Between segments the state waits in the final-state buffer, or in a scratch one. With a
+    # single segment the carry is never touched, and g stands in for it (any fp32 pointer).
+    if final_state is not None:
+        carry = final_state
+    elif len(plan.segments) > 1:
+        carry = _alloc((N, HV, V, K), torch.float32, dev)
+    else:
+        carry = g
+
+    def prep(seg: tuple[int, int]) -> None:
+        _prep_kernel[plan.prep_grid(seg, HV)](
+            q, k, v, g, beta, w, u, qd, kd, o, cu_seqlens, chunk_indices, T, N, seg[0], float(scale),
+            H=H, HV=HV, K=K, V=V, BT=CHUNK, BK=plan.prep.block_k, IS_VARLEN=is_varlen,
+            HAS_CHUNK_INDICES=chunk_indices is not None, USE_L2NORM=bool(use_qk_l2norm_in_kernel), EPS=L2NORM_EPS,
+            num_warps=plan.prep.num_warps, num_stages=1,
+        )
+
+    def state(seg: tuple[int, int]) -> None:
+        _state_kernel[plan.state_grid](
+            w, u, qd, kd, g, o, initial_state, final_state, carry, cu_seqlens, T, seg[0], seg[1],
+            HV=HV, K=K, V=V, BT=CHUNK, BV=plan.state.block_v, IS_VARLEN=is_varlen,
+            USE_INITIAL_STATE=initial_state is not None, STORE_FINAL_STATE=final_state is not None,
+            num_warps=plan.state.num_warps, num_stages=1,
+        )
+
+    run_segments(plan, dev, prep, state)
     return o, final_state

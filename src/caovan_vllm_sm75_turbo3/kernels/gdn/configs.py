@@ -13,6 +13,9 @@ from dataclasses import dataclass
 
 CHUNK = 64  # tokens per chunk (BT); the same chunking as vLLM's FLA (FLA_CHUNK_SIZE)
 HEAD_DIMS = (64, 128)  # K and V each; others are refused
+# Chunks per segment: a long prompt runs as several prep + state launches, each prep
+# overlapping the previous segment's state pass (chunk.run_segments). MEASURED VALUE PENDING.
+SEGMENT_CHUNKS = 64
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,8 @@ def prep_spec(head_k: int, head_v: int, *, l2norm: bool, chunk_indices: bool) ->
     sig = {n: "*fp16" for n in ("q", "k", "v")}
     sig |= {"g": "*fp32", "beta": "*fp32"}
     sig |= {n: "*fp16" for n in ("w", "u", "qd", "kd", "o")}
-    sig |= {"cu_seqlens": "*i32", "chunk_indices": "*i32", "T": "i32", "N": "i32", "scale": "fp32"}
+    sig |= {"cu_seqlens": "*i32", "chunk_indices": "*i32", "T": "i32", "N": "i32", "c_off": "i32",
+            "scale": "fp32"}
     cx = {"H": H, "HV": HV, "K": head_k, "V": head_v, "BT": CHUNK, "BK": cfg.block_k, "IS_VARLEN": True,
           "HAS_CHUNK_INDICES": chunk_indices, "USE_L2NORM": l2norm, "EPS": L2NORM_EPS}
     sig |= {n: "constexpr" for n in cx}
@@ -70,7 +71,8 @@ def state_spec(head_k: int, head_v: int) -> KernelSpec:
     """The state kernel for packed sequences with initial and final state."""
     cfg = STATE[(head_k, head_v)]
     sig = {n: "*fp16" for n in ("w", "u", "qd", "kd")}
-    sig |= {"g": "*fp32", "o": "*fp16", "h0": "*fp32", "ht": "*fp32", "cu_seqlens": "*i32", "T": "i32"}
+    sig |= {"g": "*fp32", "o": "*fp16", "h0": "*fp32", "ht": "*fp32", "carry": "*fp32", "cu_seqlens": "*i32"}
+    sig |= {"T": "i32", "f_lo": "i32", "f_hi": "i32"}
     cx = {"HV": SPEC_HEADS[1], "K": head_k, "V": head_v, "BT": CHUNK, "BV": cfg.block_v, "IS_VARLEN": True,
           "USE_INITIAL_STATE": True, "STORE_FINAL_STATE": True}
     sig |= {n: "constexpr" for n in cx}
