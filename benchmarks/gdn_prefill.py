@@ -136,7 +136,8 @@ class _Sm75:
 
         T, N = q.shape[1], cu.numel() - 1
         plan = plan_launch(batch=1, tokens=T, value_heads=HV, head_k=D, head_v=D, sequences=N, cu_seqlens=cu,
-                           chunk_indices=ci, segment_chunks=segment_chunks or SEGMENT_CHUNKS)
+                           chunk_indices=ci, segment_chunks=segment_chunks or SEGMENT_CHUNKS,
+                           sm_count=torch.cuda.get_device_properties(q.device).multi_processor_count)
         if bufs is None:
             bufs = [torch.empty(1, T, HV, D, dtype=torch.float16, device=q.device) for _ in range(5)]
             bufs.append(torch.empty(N, HV, D, D, dtype=torch.float32, device=q.device))

@@ -198,6 +198,11 @@ def test_launch_plan_reads_no_tensor_values():
     assert plan.segments == ((0, 4), (4, 8), (8, 11))
     assert [plan.prep_grid(s, HV) for s in plan.segments] == [(4 * HV,), (4 * HV,), (3 * HV,)]
     assert plan.state_grid == (128 // plan.state.block_v, 8 * HV)
+    programs = plan.state_grid[0] * plan.state_grid[1]
+    for sm_count, segments in ((programs, 3), (programs - 1, 1)):  # segments only while the state pass leaves SMs idle
+        plan = chunk.plan_launch(batch=1, tokens=T, value_heads=HV, head_k=128, head_v=128, sequences=8,
+                                 cu_seqlens=cu, chunk_indices=ci, segment_chunks=4, sm_count=sm_count)
+        assert len(plan.segments) == segments and plan.segments[-1][1] == 11
 
 
 SEGMENT_CASES = [

@@ -21,9 +21,10 @@ Per value head and chunk of BT=64 tokens, with gamma the in-chunk cumulative log
    products whose operands are staged through shared memory as soon as the chunk starts.
    Neither the per-chunk states nor delta (FLA's v_new) ever go to memory.
 
-A long prompt runs as segments of SEGMENT_CHUNKS flat chunks (`run_segments`): one prep and
-one state launch each, the state pass on a second stream, so the prep of segment i+1 fills the
-SMs that the few state programs leave idle while they work through segment i. Between
+When the state pass has at most one program per SM (a long prompt, few sequences), the chunks
+run as segments of SEGMENT_CHUNKS (`run_segments`): one prep and one state launch each, the
+state pass on a second stream, so the prep of segment i+1 fills the SMs that the state
+programs leave idle while they work through segment i. Between
 segments each state program parks its fp32 slice in the final-state buffer (or a scratch one);
 the arithmetic is the same, so the result is bitwise that of one launch each.
 
@@ -363,8 +364,14 @@ class LaunchPlan:
 
 def plan_launch(*, batch: int, tokens: int, value_heads: int, head_k: int, head_v: int, sequences: int,
                 cu_seqlens: torch.Tensor | None, chunk_indices: torch.Tensor | None,
-                segment_chunks: int = SEGMENT_CHUNKS) -> LaunchPlan:
-    """The launch for these shapes. Reads tensor shapes only, never values (no host sync)."""
+                segment_chunks: int = SEGMENT_CHUNKS, sm_count: int | None = None) -> LaunchPlan:
+    """The launch for these shapes. Reads tensor shapes only, never values (no host sync).
+
+    The chunks are split into segments only when the state pass has at most one program per
+    SM (`sm_count`; None, as on the CPU, sets no such limit): then SMs are idle that the next
+    segment's prep can use. With more state programs the GPU is already full, and segments only
+    add launches (measured: benchmarks/RESULTS.md).
+    """
     prep_cfg, state_cfg = select(head_k, head_v)
     if cu_seqlens is None:
         n_chunks = batch * triton.cdiv(tokens, CHUNK)
@@ -372,8 +379,11 @@ def plan_launch(*, batch: int, tokens: int, value_heads: int, head_k: int, head_
         n_chunks = chunk_indices.shape[0]
     else:
         n_chunks = triton.cdiv(tokens, CHUNK) + sequences  # sum(ceil(len_i / BT)) <= T / BT + N
+    state_grid = (head_v // state_cfg.block_v, sequences * value_heads)
+    if sm_count is not None and state_grid[0] * state_grid[1] > sm_count:
+        segment_chunks = max(n_chunks, 1)
     segments = tuple((lo, min(lo + segment_chunks, n_chunks)) for lo in range(0, n_chunks, segment_chunks))
-    return LaunchPlan(prep_cfg, state_cfg, n_chunks, segments, (head_v // state_cfg.block_v, sequences * value_heads))
+    return LaunchPlan(prep_cfg, state_cfg, n_chunks, segments, state_grid)
 
 
 def run_segments(plan: LaunchPlan, device: torch.device, prep: Callable[[tuple[int, int]], None],
@@ -436,9 +446,10 @@ def chunk_gated_delta_rule(
     del chunk_offsets  # part of vLLM's signature; this kernel has no use for it
     s = check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, chunk_indices, core_attn_out)
     B, T, H, HV, K, V, N = s.batch, s.tokens, s.key_heads, s.value_heads, s.head_k, s.head_v, s.sequences
-    plan = plan_launch(batch=B, tokens=T, value_heads=HV, head_k=K, head_v=V, sequences=N,
-                       cu_seqlens=cu_seqlens, chunk_indices=chunk_indices, segment_chunks=SEGMENT_CHUNKS)
     dev = q.device
+    sm_count = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else None
+    plan = plan_launch(batch=B, tokens=T, value_heads=HV, head_k=K, head_v=V, sequences=N, cu_seqlens=cu_seqlens,
+                       chunk_indices=chunk_indices, segment_chunks=SEGMENT_CHUNKS, sm_count=sm_count)
     if scale is None:
         scale = K**-0.5
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
