@@ -9,7 +9,8 @@ and timed on the lent GPU:
 `run` times, per shape (Qwen3.6-27B at TP 2: H=8 key heads, HV=24 value heads, K=V=128, fp16,
 packed through cu_seqlens with initial and final state, as vLLM calls it):
   ours-sm75-turbo  our two kernels as sm_75 PTX with tensor-core mma (the Turbo rewrite), JIT-ed
-                   by the driver for this card and launched through CuPy
+                   by the driver for this card and launched through CuPy, in the segments and
+                   streams the product's plan gives (chunk.plan_launch, chunk.run_segments)
   ours-sm75-plain  the same kernels as stock Triton builds them for sm_75 (FMA, no tensor cores)
   ours-native      the same kernels compiled by Triton for this card (only with --rows; refused
                    on sm_90+, where Triton 3.6's wgmma build of the state kernel is wrong)
@@ -122,6 +123,19 @@ class _Sm75:
                 fn.max_dynamic_shared_size_bytes = m["shared"]
             self.fns[spec.name] = (fn, m)
 
+    def segments(self, q, cu, ci) -> int:
+        """How many segments the product's plan makes of this call on this GPU."""
+        return len(self._plan(q, cu, ci, None).segments)
+
+    def _plan(self, q, cu, ci, segment_chunks):
+        import torch
+
+        from caovan_vllm_sm75_turbo3.kernels.gdn.chunk import SEGMENT_CHUNKS, plan_launch
+
+        return plan_launch(batch=1, tokens=q.shape[1], value_heads=HV, head_k=D, head_v=D, sequences=cu.numel() - 1,
+                           cu_seqlens=cu, chunk_indices=ci, segment_chunks=segment_chunks or SEGMENT_CHUNKS,
+                           sm_count=torch.cuda.get_device_properties(q.device).multi_processor_count)
+
     def __call__(self, q, k, v, g, beta, h0, cu, ci, *, parts: str = "both", bufs=None, segment_chunks=None):
         """Run prep and/or state on buffers `bufs` (made when None); returns (o, final_state, bufs).
 
@@ -131,13 +145,11 @@ class _Sm75:
         import numpy as np
         import torch
 
-        from caovan_vllm_sm75_turbo3.kernels.gdn.chunk import SEGMENT_CHUNKS, plan_launch, run_segments
+        from caovan_vllm_sm75_turbo3.kernels.gdn.chunk import run_segments
         from caovan_vllm_sm75_turbo3.kernels.gdn.specs import state_spec
 
         T, N = q.shape[1], cu.numel() - 1
-        plan = plan_launch(batch=1, tokens=T, value_heads=HV, head_k=D, head_v=D, sequences=N, cu_seqlens=cu,
-                           chunk_indices=ci, segment_chunks=segment_chunks or SEGMENT_CHUNKS,
-                           sm_count=torch.cuda.get_device_properties(q.device).multi_processor_count)
+        plan = self._plan(q, cu, ci, segment_chunks)
         if bufs is None:
             bufs = [torch.empty(1, T, HV, D, dtype=torch.float16, device=q.device) for _ in range(5)]
             bufs.append(torch.empty(N, HV, D, D, dtype=torch.float32, device=q.device))
@@ -256,6 +268,7 @@ def run(ptx_dir: Path, json_out: Path | None, rows_wanted: tuple[str, ...] = ROW
             bufs = t(q, k, v, g, beta, h0, cu, ci)[2]
             rows["ours-sm75-turbo"]["prep_ms"] = _time(lambda: t(q, k, v, g, beta, h0, cu, ci, parts="prep", bufs=bufs))
             rows["ours-sm75-turbo"]["state_ms"] = _time(lambda: t(q, k, v, g, beta, h0, cu, ci, parts="state", bufs=bufs))
+            rows["ours-sm75-turbo"]["segments"] = t.segments(q, cu, ci)
             print(case, "ours-sm75-turbo parts", rows["ours-sm75-turbo"], flush=True)
         fla_ms = rows.get("fla-chunk", {}).get("ms")
         for r in rows.values():
