@@ -390,10 +390,12 @@ def run_segments(plan: LaunchPlan, device: torch.device, prep: Callable[[tuple[i
                  state: Callable[[tuple[int, int]], None]) -> None:
     """Launch each segment's prep, then its state pass, overlapping the two on a CUDA device.
 
-    The preps go on the current stream; the state passes on a high-priority pooled stream that
-    waits for each segment's prep and joins back at the end (so CUDA graph capture sees one
-    fork and join, and the caching allocator needs no extra bookkeeping: every buffer is used
-    on the side stream only before the join). Elsewhere (the CPU interpreter) they run in turn.
+    The preps go on the current stream, back to back; the state passes on a high-priority
+    pooled stream that waits for each segment's prep and joins back at the end (so CUDA graph
+    capture sees one fork and join, and the caching allocator needs no extra bookkeeping: every
+    buffer is used on the side stream only before the join). Holding the preps back to a few
+    segments ahead of the state pass gained nothing on the H200. Elsewhere (the CPU
+    interpreter) they run in turn.
     """
     if device.type != "cuda" or len(plan.segments) == 1:
         for seg in plan.segments:
@@ -405,9 +407,9 @@ def run_segments(plan: LaunchPlan, device: torch.device, prep: Callable[[tuple[i
     side.wait_stream(main)
     for seg in plan.segments:
         prep(seg)
-        done = torch.cuda.Event()
-        done.record(main)
-        side.wait_event(done)
+        prepped = torch.cuda.Event()
+        prepped.record(main)
+        side.wait_event(prepped)
         with torch.cuda.stream(side):
             state(seg)
     main.wait_stream(side)

@@ -15,8 +15,9 @@ CHUNK = 64  # tokens per chunk (BT); the same chunking as vLLM's FLA (FLA_CHUNK_
 HEAD_DIMS = (64, 128)  # K and V each; others are refused
 # Chunks per segment when a long prompt runs as several prep + state launches, each prep
 # overlapping the previous segment's state pass (chunk.plan_launch says when). On the H200 at
-# 32K tokens (2026-12-03): 64 and 128 chunks 1.93 / 1.95 ms against 2.36 unsegmented; 32 and 16
-# lose (2.26 / 4.05: launches and stream waits per segment outweigh the overlap).
+# 32K tokens (2026-12-03, three runs): 64 chunks 1.93-1.94 ms against 2.27-2.36 unsegmented,
+# 128 about the same (1.95-2.05), 32 and 16 worse (2.0-2.26 and 4.05: the launches and stream
+# waits per segment outweigh the overlap).
 SEGMENT_CHUNKS = 64
 
 
