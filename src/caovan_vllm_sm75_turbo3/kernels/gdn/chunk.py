@@ -24,9 +24,9 @@ Per value head and chunk of BT=64 tokens, with gamma the in-chunk cumulative log
 When the state pass has at most one program per SM (a long prompt, few sequences), the chunks
 run as segments of SEGMENT_CHUNKS (`run_segments`): one prep and one state launch each, the
 state pass on a second stream, so the prep of segment i+1 fills the SMs that the state
-programs leave idle while they work through segment i. Between
-segments each state program parks its fp32 slice in the final-state buffer (or a scratch one);
-the arithmetic is the same, so the result is bitwise that of one launch each.
+programs leave idle while they work through segment i. Between segments each state program
+parks its fp32 slice in the final-state buffer (or a scratch one); the arithmetic is the same,
+so the result is bitwise that of one launch each.
 
 Fusing step 1 into step 2 would keep W/U on chip as well, but the solve would then run serially
 chunk after chunk in few programs; for a long prompt (one sequence, 24 heads) the parallel prep
