@@ -175,7 +175,8 @@ class _Sm75:
             fn, m = self.fns[state_spec(D, D).name]
             fn(plan.state_grid, (m["num_warps"] * 32,),
                (ptr(w), ptr(u), ptr(qd), ptr(kd), ptr(g), ptr(o), ptr(h0), ptr(ht), ptr(ht), ptr(cu), np.int32(T),
-                np.int32(seg[0]), np.int32(seg[1])) + zero, shared_mem=m["shared"], stream=stream())
+                np.int32(seg[0]), np.int32(seg[1]), np.int32(plan.n_chunks)) + zero, shared_mem=m["shared"],
+               stream=stream())
 
         if parts == "prep":
             for seg in plan.segments:

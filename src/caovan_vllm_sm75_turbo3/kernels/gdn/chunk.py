@@ -224,13 +224,13 @@ def _prep_kernel(
             tl.store(p_o, tl.dot(b_p16, b_u).to(o.dtype.element_ty), boundary_check=(0,))
 
 
-@triton.jit(do_not_specialize=["T", "f_lo", "f_hi"])
+@triton.jit(do_not_specialize=["T", "f_lo", "f_hi", "f_all"])
 def _state_kernel(
     w, u, qd, kd, g, o,  # from the prep kernel, g [*, HV] fp32, o [*, HV, V] (read, then final)
     h0, ht,  # [N, HV, V, K] fp32 or None
     carry,  # [N, HV, V, K] fp32: the state between segments (ht itself when the final state is kept)
     cu_seqlens,
-    T, f_lo, f_hi,  # this launch's segment: the chunks of flat index f_lo <= f < f_hi
+    T, f_lo, f_hi, f_all,  # this launch's segment: the chunks of flat index f_lo <= f < f_hi of f_all
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
     IS_VARLEN: tl.constexpr, USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
 ):
@@ -243,8 +243,9 @@ def _state_kernel(
         bos = tl.load(cu_seqlens + i_n).to(tl.int32)
         eos = tl.load(cu_seqlens + i_n + 1).to(tl.int32)
         f0 = i_n * 0
-        for m in range(0, i_n):
-            f0 += (tl.load(cu_seqlens + m + 1).to(tl.int32) - tl.load(cu_seqlens + m).to(tl.int32) + BT - 1) // BT
+        if (f_lo > 0) | (f_hi < f_all):  # a launch over every chunk needs no f0: skip the O(N) walk
+            for m in range(0, i_n):
+                f0 += (tl.load(cu_seqlens + m + 1).to(tl.int32) - tl.load(cu_seqlens + m).to(tl.int32) + BT - 1) // BT
     else:
         bos = i_n * T
         eos = bos + T
@@ -494,7 +495,7 @@ def chunk_gated_delta_rule(
 
     def state(seg: tuple[int, int]) -> None:
         _state_kernel[plan.state_grid](
-            w, u, qd, kd, g, o, initial_state, final_state, carry, cu_seqlens, T, seg[0], seg[1],
+            w, u, qd, kd, g, o, initial_state, final_state, carry, cu_seqlens, T, seg[0], seg[1], plan.n_chunks,
             HV=HV, K=K, V=V, BT=CHUNK, BV=plan.state.block_v, IS_VARLEN=is_varlen,
             USE_INITIAL_STATE=initial_state is not None, STORE_FINAL_STATE=final_state is not None,
             num_warps=plan.state.num_warps, num_stages=1,

@@ -72,7 +72,7 @@ def state_spec(head_k: int, head_v: int) -> KernelSpec:
     cfg = STATE[(head_k, head_v)]
     sig = {n: "*fp16" for n in ("w", "u", "qd", "kd")}
     sig |= {"g": "*fp32", "o": "*fp16", "h0": "*fp32", "ht": "*fp32", "carry": "*fp32", "cu_seqlens": "*i32"}
-    sig |= {"T": "i32", "f_lo": "i32", "f_hi": "i32"}
+    sig |= {"T": "i32", "f_lo": "i32", "f_hi": "i32", "f_all": "i32"}
     cx = {"HV": SPEC_HEADS[1], "K": head_k, "V": head_v, "BT": CHUNK, "BV": cfg.block_v, "IS_VARLEN": True,
           "USE_INITIAL_STATE": True, "STORE_FINAL_STATE": True}
     sig |= {n: "constexpr" for n in cx}
