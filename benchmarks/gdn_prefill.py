@@ -85,6 +85,11 @@ def _bytes(lens: list[int]) -> float:
     return float(T * (2 * H * D * 2 + HV * D * 2 + 2 * HV * 4 + HV * D * 2) + 2 * N * HV * D * D * 4)
 
 
+def _rates(lens: list[int], ms: float) -> dict[str, float]:
+    """A row's time with the FLOP/s and bytes/s it stands for."""
+    return {"ms": ms, "TFLOPs": _flops(lens) / ms / 1e9, "GBps": _bytes(lens) / ms / 1e6}
+
+
 def _time(fn, budget_s: float = 0.4) -> float:
     """Median milliseconds of fn() by CUDA events, after warm-up; repetitions fit the budget."""
     import torch
@@ -267,25 +272,19 @@ def run(ptx_dir: Path, json_out: Path | None, rows_wanted: tuple[str, ...] = ROW
                 nan = bool(torch.isnan(o).any() or torch.isnan(st).any())
                 err_o = ((o.double() - ro).norm() / ro.norm()).item()
                 err_s = ((st.double() - rs).norm() / rs.norm()).item()
-                ms = _time(call)
-                rows[name] = {"ms": ms, "rel_err_o": err_o, "rel_err_state": err_s, "nan": nan,
-                              "TFLOPs": _flops(lens) / ms / 1e9, "GBps": _bytes(lens) / ms / 1e6}
+                rows[name] = {"rel_err_o": err_o, "rel_err_state": err_s, "nan": nan, **_rates(lens, _time(call))}
             except Exception as err:
                 rows[name] = {"error": repr(err)[:300]}
             print(case, name, rows[name], flush=True)
         # Repeats interleave ours and fla-chunk, so a drift of the card's speed hits both alike;
         # each row then reports the median of its repeats and keeps them all.
-        for name in REPEATED_ROWS:
-            if repeats > 1 and "ms" in rows.get(name, {}):
-                rows[name]["ms_runs"] = [rows[name]["ms"]]
+        timed = [name for name in REPEATED_ROWS if repeats > 1 and "ms" in rows.get(name, {})]
+        runs = {name: [rows[name]["ms"]] for name in timed}
         for _ in range(repeats - 1):
-            for name in REPEATED_ROWS:
-                if "ms_runs" in rows.get(name, {}):
-                    rows[name]["ms_runs"].append(_time(calls[name]))
-        for name in REPEATED_ROWS:
-            if "ms_runs" in rows.get(name, {}):
-                ms = rows[name]["ms"] = statistics.median(rows[name]["ms_runs"])
-                rows[name] |= {"TFLOPs": _flops(lens) / ms / 1e9, "GBps": _bytes(lens) / ms / 1e6}
+            for name in timed:
+                runs[name].append(_time(calls[name]))
+        for name in timed:
+            rows[name] |= {"ms_runs": runs[name], **_rates(lens, statistics.median(runs[name]))}
         if "ms" in rows.get("ours-sm75-turbo", {}):  # where the time goes: parallel prep vs serial state pass
             t = impls["ours-sm75-turbo"]
             bufs = t(q, k, v, g, beta, h0, cu, ci)[2]
