@@ -218,6 +218,7 @@ def run(ptx_dir: Path, json_out: Path | None, rows_wanted: tuple[str, ...] = ROW
     import torch.nn.functional as F
 
     from caovan_vllm_sm75_turbo3.kernels.gdn import chunk_gated_delta_rule, gated_delta_rule_reference
+    from caovan_vllm_sm75_turbo3.kernels.numerics import rel_error
 
     dev = torch.device("cuda")
     report: dict = {"card": torch.cuda.get_device_name(0), "date": time.strftime("%Y-%m-%d"), "cases": {}}
@@ -270,8 +271,7 @@ def run(ptx_dir: Path, json_out: Path | None, rows_wanted: tuple[str, ...] = ROW
                 o, st = call()
                 torch.cuda.synchronize()
                 nan = bool(torch.isnan(o).any() or torch.isnan(st).any())
-                err_o = ((o.double() - ro).norm() / ro.norm()).item()
-                err_s = ((st.double() - rs).norm() / rs.norm()).item()
+                err_o, err_s = rel_error(o, ro), rel_error(st, rs)  # inf when NaN/inf is in the output
                 rows[name] = {"rel_err_o": err_o, "rel_err_state": err_s, "nan": nan, **_rates(lens, _time(call))}
             except Exception as err:
                 rows[name] = {"error": repr(err)[:300]}

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from ..numerics import rel_error
+
 BT = 64                 # FLA_CHUNK_SIZE
 HEADS_K, HEADS_V, HEAD_DIM = 8, 24, 128   # Qwen3.6-27B at tensor parallel 2
 
@@ -237,16 +239,8 @@ def launch_args(case: Case, signature: dict[str, str]) -> list[tuple[str, Any]]:
     return out
 
 
-def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """‖out − ref‖ / ‖ref‖ in float64; NaN anywhere (an unwritten or broken output) gives NaN."""
-    o = out.double()
-    if torch.isnan(o).any():
-        return float("nan")
-    return float((o - ref).norm() / ref.norm())
-
-
 def compare(case: Case, refs: dict[str, torch.Tensor]) -> dict[str, float]:
-    """Relative error of each output against its reference."""
+    """Relative error of each output against its reference (`numerics.rel_error`: inf if broken)."""
     return {name: rel_error(case.outputs[name], refs[name]) for name in case.outputs}
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import CaovanError
+from ...kernels.numerics import rel_error
 
 # fp16 q/k/v and output against a float64 oracle; the kernel keeps state and products in fp32.
 SELF_CHECK_RTOL = 1e-2
@@ -155,15 +156,6 @@ def _inputs(shapes: ModelShapes, lengths: tuple[int, ...], device: Any, gen: Any
     }
 
 
-def _rel_err(out: Any, ref: Any) -> float:
-    import torch
-
-    out64 = out.detach().to("cpu", torch.float64)
-    if not torch.isfinite(out64).all():
-        return math.inf
-    return float(torch.linalg.vector_norm(out64 - ref) / torch.linalg.vector_norm(ref).clamp_min(1e-30))
-
-
 def precompile(kernel: Callable[..., Any], reference: Callable[..., Any], shapes: ModelShapes,
                chunk_size: int, device: Any,
                seed: int | None = None) -> Report:
@@ -199,7 +191,7 @@ def precompile(kernel: Callable[..., Any], reference: Callable[..., Any], shapes
             cpu = {n: t.cpu() for n, t in x.items()}
             with torch.device("cpu"):  # the reference allocates with the default device
                 ref_o, ref_s = reference(**cpu, output_final_state=True)
-            err_o, err_s = _rel_err(o, ref_o), _rel_err(final, ref_s)
+            err_o, err_s = rel_error(o, ref_o), rel_error(final, ref_s)
             worst = max(worst, err_o, err_s)
             if not (err_o <= SELF_CHECK_RTOL and err_s <= SELF_CHECK_RTOL):
                 raise PrecompileError(

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ...kernels.numerics import rel_error
 from .precompile import SELF_CHECK_RTOL
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
@@ -50,16 +51,6 @@ class PrefillResult:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def _rel(out: Any, ref: Any) -> float:
-    import torch
-
-    a = out.detach().to("cpu", torch.float64)
-    b = ref.detach().to("cpu", torch.float64)
-    if not torch.isfinite(a).all():
-        return math.inf
-    return float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b).clamp_min(1e-30))
 
 
 def _inputs(case: PrefillCase, device: Any) -> dict[str, Any]:
@@ -144,7 +135,7 @@ def verify_prefill(cases: tuple[PrefillCase, ...] = DEFAULT_CASES, env: Mapping[
             continue
         with torch.device("cpu"):
             ref_o, ref_s = gated_delta_rule_reference(**{n: t.cpu() for n, t in x.items()}, output_final_state=True)
-        err = max(_rel(core.unsqueeze(0), ref_o), _rel(s, ref_s))
+        err = max(rel_error(core.unsqueeze(0), ref_o), rel_error(s, ref_s))
         rows.append(PrefillResult(f"gdn-prefill {case.label} vs float64", PASS if err <= SELF_CHECK_RTOL else FAIL,
                                   f"relative error {err:.2e} (budget {SELF_CHECK_RTOL:.0e}), ours {ms:.2f} ms",
                                   err, ms))
@@ -159,7 +150,7 @@ def verify_prefill(cases: tuple[PrefillCase, ...] = DEFAULT_CASES, env: Mapping[
             rows.append(PrefillResult(f"gdn-prefill {case.label} vs vLLM", SKIP,
                                       f"vLLM's own kernel raised {type(err).__name__}: {err}"))
             continue
-        diff = max(_rel(o, theirs_o), _rel(s, theirs_s))
+        diff = max(rel_error(o, theirs_o), rel_error(s, theirs_s))
         rows.append(PrefillResult(f"gdn-prefill {case.label} vs vLLM", PASS if diff <= SELF_CHECK_RTOL else FAIL,
                                   f"relative difference {diff:.2e}; ours {ms:.2f} ms, vLLM {their_ms:.2f} ms",
                                   diff, ms))
