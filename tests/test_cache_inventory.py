@@ -74,6 +74,13 @@ def test_list_names_the_shared_defaults_where_the_tools_put_them(cenv, capsys, m
     assert _by(report, "shared", "vllm")["path"] == str(xdg / "vllm")
     assert _by(report, "shared", "torch_extensions")["path"] == str(xdg / "torch_extensions")
 
+    # A relative XDG_CACHE_HOME is ignored (XDG spec), by our root and the shared defaults alike.
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative-xdg")
+    code, report = run_json(["list"], capsys, monkeypatch)
+    assert report["root"] == str(cenv.home / ".cache" / "caovan-sm75-turbo3")
+    assert _by(report, "shared", "vllm")["path"] == str(cenv.home / ".cache" / "vllm")
+    assert _by(report, "shared", "torch_extensions")["path"] == str(cenv.home / ".cache" / "torch_extensions")
+
 
 def test_user_set_cache_dirs_are_listed_as_current_and_never_cleanable(cenv, capsys, monkeypatch):
     mine = cenv.base / "my-vllm-cache"

@@ -19,6 +19,7 @@ from caovan_vllm_sm75_turbo3.caches import layout
 from caovan_vllm_sm75_turbo3.caches.key import key_from_components
 from caovan_vllm_sm75_turbo3.caches.layout import (
     CACHE_DIRS, KeyDir, cache_root, existing_keys, hold_in_use, is_empty, prepare, read_manifest, users)
+from caovan_vllm_sm75_turbo3.caches.locations import CACHE_VARIABLES, xdg_cache_dir
 from caovan_vllm_sm75_turbo3.errors import CaovanError
 
 T0 = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
@@ -37,6 +38,17 @@ def test_cache_root_precedence(tmp_path):
     assert cache_root("", {"HOME": env["HOME"], "XDG_CACHE_HOME": "relative"}) == \
         tmp_path / "home" / ".cache" / "caovan-sm75-turbo3"
     assert cache_root("", {"HOME": env["HOME"]}) == tmp_path / "home" / ".cache" / "caovan-sm75-turbo3"
+
+
+def test_one_table_of_cache_variables_for_the_layout_and_the_inventory(tmp_path):
+    names = [(c.variable, c.name) for c in CACHE_VARIABLES]
+    assert list(CACHE_DIRS.items()) == names and len({n for _, n in names}) == len(names)
+    assert {"TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "VLLM_CACHE_ROOT", "FLASHINFER_WORKSPACE_BASE",
+            "TORCH_EXTENSIONS_DIR", "CUDA_CACHE_PATH"} == set(CACHE_DIRS)
+    home = {"HOME": str(tmp_path / "home")}
+    for xdg in ("", "relative", "./also/relative"):
+        assert xdg_cache_dir({**home, "XDG_CACHE_HOME": xdg}) == tmp_path / "home" / ".cache"
+    assert xdg_cache_dir({**home, "XDG_CACHE_HOME": str(tmp_path / "x")}) == tmp_path / "x"
 
 
 def test_keydir_paths(tmp_path):

@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .inventory import KEY, SHARED, USER_SET, CacheEntry, Inventory, home_dir, tmp_dir, xdg_cache_dir
+from .inventory import KEY, SHARED, USER_SET, CacheEntry, Inventory
 from .layout import ENVS, IN_USE_LOCK, users
+from .locations import home_dir, tmp_dir, xdg_cache_dir
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 MAX_DEPTH = 200  # deeper than any real cache; also bounds the open descriptors

@@ -6,9 +6,7 @@ Read-only: walks trees without following symlinks and never opens a file for wri
 from __future__ import annotations
 
 import os
-import re
-import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -16,61 +14,13 @@ from typing import Any
 
 from .key import NAME_RE, EnvKey
 from .layout import ENVS, lock_is_held, read_manifest, users
+from .locations import CACHE_VARIABLES
 
 # kind of an entry
 KEY = "key"            # one of our environment key directories (cleanable)
 SHARED = "shared"      # a default location a plain vLLM / torch / Triton / CUDA run fills (clean --all, asked separately)
 USER_SET = "user-set"  # a cache directory the user chose with an environment variable: listed, never cleaned
 UNKNOWN = "unknown"    # something under envs/ that we did not create: listed, never cleaned
-
-
-def home_dir(env: Mapping[str, str]) -> Path:
-    """$HOME from `env` (else the password database)."""
-    return Path(env.get("HOME") or os.path.expanduser("~"))
-
-
-def xdg_cache_dir(env: Mapping[str, str]) -> Path:
-    """${XDG_CACHE_HOME:-$HOME/.cache}."""
-    # vLLM and torch's appdirs both take XDG_CACHE_HOME when set, else ~/.cache
-    return Path(env["XDG_CACHE_HOME"]) if env.get("XDG_CACHE_HOME") else home_dir(env) / ".cache"
-
-
-def _user_name(env: Mapping[str, str]) -> str:
-    for var in ("LOGNAME", "USER", "LNAME", "USERNAME"):  # the order getpass.getuser() reads
-        if env.get(var):
-            return env[var]
-    import pwd
-    return pwd.getpwuid(os.getuid()).pw_name
-
-
-def tmp_dir(env: Mapping[str, str]) -> Path:
-    """The temporary directory torch would use: $TMPDIR, else Python's default."""
-    return Path(env.get("TMPDIR") or tempfile.gettempdir())
-
-
-@dataclass(frozen=True)
-class SharedDefault:
-    """Where a tool puts its cache when nobody tells it otherwise, and the variable that moves it."""
-
-    name: str
-    variable: str
-    default: Callable[[Mapping[str, str]], Path]
-    below_variable: str = ""  # the cache's place under the variable's value (FlashInfer: .cache/flashinfer)
-
-
-SHARED_DEFAULTS: tuple[SharedDefault, ...] = (
-    SharedDefault("vllm", "VLLM_CACHE_ROOT", lambda env: xdg_cache_dir(env) / "vllm"),
-    # Triton: $TRITON_HOME (default $HOME)/.triton/cache
-    SharedDefault("triton", "TRITON_CACHE_DIR",
-                  lambda env: Path(env.get("TRITON_HOME") or home_dir(env)) / ".triton" / "cache"),
-    SharedDefault("flashinfer", "FLASHINFER_WORKSPACE_BASE", lambda env: home_dir(env) / ".cache" / "flashinfer",
-                  below_variable=".cache/flashinfer"),
-    SharedDefault("torch_extensions", "TORCH_EXTENSIONS_DIR", lambda env: xdg_cache_dir(env) / "torch_extensions"),
-    # torch's inductor default: <tempdir>/torchinductor_<user>, user name sanitised as torch does
-    SharedDefault("inductor", "TORCHINDUCTOR_CACHE_DIR",
-                  lambda env: tmp_dir(env) / ("torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", _user_name(env)))),
-    SharedDefault("cuda", "CUDA_CACHE_PATH", lambda env: home_dir(env) / ".nv" / "ComputeCache"),
-)
 
 
 @dataclass
@@ -245,7 +195,7 @@ def shared_entries(env: Mapping[str, str], isolation: bool, own_root: Path) -> l
     """
     out = []
     own = os.path.realpath(own_root)
-    for d in SHARED_DEFAULTS:
+    for d in CACHE_VARIABLES:
         out.append(_dir_entry(SHARED, d.name, d.default(env), isolation is False and not env.get(d.variable),
                               d.variable))
         value = env.get(d.variable)

@@ -30,11 +30,9 @@ from filelock import FileLock, Timeout
 from .. import __version__
 from ..errors import CaovanError
 from .key import EnvKey
+from .locations import CACHE_VARIABLES, xdg_cache_dir
 
-CACHE_DIRS: dict[str, str] = {
-    "TRITON_CACHE_DIR": "triton", "TORCHINDUCTOR_CACHE_DIR": "inductor", "VLLM_CACHE_ROOT": "vllm",
-    "FLASHINFER_WORKSPACE_BASE": "flashinfer", "TORCH_EXTENSIONS_DIR": "torch_extensions",
-    "CUDA_CACHE_PATH": "cuda"}
+CACHE_DIRS: dict[str, str] = {c.variable: c.name for c in CACHE_VARIABLES}  # variable -> subdirectory
 ROOT_NAME = "caovan-sm75-turbo3"
 ENVS = "envs"
 MANIFEST = "manifest.json"
@@ -49,15 +47,11 @@ _MANIFEST_MAX_BYTES = 1 << 20
 def cache_root(cache_dir_setting: str, env: Mapping[str, str]) -> Path:
     """The root of our caches: the setting if non-empty, else ${XDG_CACHE_HOME:-$HOME/.cache}/caovan-sm75-turbo3.
 
-    A relative XDG_CACHE_HOME is ignored, as the XDG spec says.
+    A relative XDG_CACHE_HOME is ignored, as the XDG spec says (`locations.xdg_cache_dir`).
     """
     if cache_dir_setting:
         return Path(cache_dir_setting)
-    xdg = env.get("XDG_CACHE_HOME", "")
-    if xdg and os.path.isabs(xdg):
-        return Path(xdg) / ROOT_NAME
-    home = env.get("HOME") or os.path.expanduser("~")
-    return Path(home) / ".cache" / ROOT_NAME
+    return xdg_cache_dir(env) / ROOT_NAME
 
 
 @dataclass(frozen=True)
