@@ -9,6 +9,7 @@ from caovan_vllm_sm75_turbo3 import __version__
 from caovan_vllm_sm75_turbo3.config import load_settings
 from caovan_vllm_sm75_turbo3.policy import plan as plan_module
 from caovan_vllm_sm75_turbo3.policy.accel import GdnState
+from caovan_vllm_sm75_turbo3.policy.turbo import TurboDecision
 from caovan_vllm_sm75_turbo3.policy.banner import banner_lines
 from caovan_vllm_sm75_turbo3.policy.guards import CacheState
 from caovan_vllm_sm75_turbo3.policy.plan import FilledArg, make_plan
@@ -162,7 +163,8 @@ def test_require_turbo3_refuses_with_every_reason():
 
 @pytest.mark.parametrize("active", [True, False])
 def test_refusal_follows_the_accelerated_path_state(monkeypatch, active):
-    state = GdnState("caovan-sm75" if active else "upstream", active, ("reason one", "reason two"))
+    turbo = TurboDecision(True, True, "auto", "verified")
+    state = GdnState("caovan-sm75" if active else "upstream", active, ("reason one", "reason two"), turbo)
     monkeypatch.setattr(plan_module, "gdn_state", lambda f, s: state)
     required = plan_for(env={"CAOVAN_REQUIRE_TURBO3": "1"})
     assert required.status["gdn_legacy"] == state.line

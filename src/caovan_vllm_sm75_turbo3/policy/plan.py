@@ -134,7 +134,7 @@ def make_plan(facts: Facts, settings: Settings, env: Mapping[str, str], args: Vl
     for r in results:
         warnings += r.warnings
     status.update(flashinfer_sampler=sampler_line, post_start_warmup=POST_START_WARMUP,
-                  gdn_legacy=gdn.line, turbo3="active" if gdn.active else "inactive",
+                  gdn_legacy=gdn.line, turbo=gdn.turbo.line, turbo3="active" if gdn.active else "inactive",
                   mode=settings.mode, vllm=facts.versions.vllm or "none")
     if cache is not None and facts.sm75_count and settings.cache_isolation:
         status["cache_key"] = cache.path

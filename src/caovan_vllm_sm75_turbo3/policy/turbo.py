@@ -27,6 +27,13 @@ class TurboDecision:
     line: str      # the `turbo=` status value
     reason: str
 
+    @property
+    def tensor_cores(self) -> bool:
+        """Whether allowlisted kernels (our GDN prefill among them) get tensor cores: the hook is
+        installed on a Triton it was verified with. A forced hook on another Triton may still
+        build, but nothing there was checked, so no plan may claim acceleration from it."""
+        return self.install and self.line in ("auto", "on")
+
 
 def _minor(version: str) -> str:
     return ".".join(version.split("+", 1)[0].split(".")[:2])

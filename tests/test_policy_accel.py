@@ -1,0 +1,92 @@
+"""The one rule: our GDN prefill is in charge only where the Turbo hook gives it tensor cores."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from conftest import RTX3090, TI22, facts_dict
+
+from caovan_vllm_sm75_turbo3.config import load_settings
+from caovan_vllm_sm75_turbo3.kernels.turbo.allowlist import load_allowlist, triton_version_matches
+from caovan_vllm_sm75_turbo3.policy.accel import gdn_state
+from caovan_vllm_sm75_turbo3.policy.plan import make_plan
+from caovan_vllm_sm75_turbo3.policy.turbo import HOOK_TRITON_VERSIONS, decide_turbo
+from caovan_vllm_sm75_turbo3.policy.vllm_args import read_vllm_args
+from caovan_vllm_sm75_turbo3.runtime.facts import Facts
+
+GDN_KERNELS = ("_prep_kernel", "_state_kernel")
+
+
+def _plan(triton: str | None, vllm: str = "0.21.0", env: dict[str, str] | None = None, gpus=None):
+    data = facts_dict(versions={"triton": triton, "vllm": vllm}, **({"gpus": gpus} if gpus else {}))
+    facts = Facts.from_dict(data)
+    return make_plan(facts, load_settings(env or {}), env or {}, read_vllm_args(["m"]))
+
+
+def test_verified_triton_puts_our_prefill_in_charge_and_says_turbo() -> None:
+    plan = _plan("3.6.0")
+    assert plan.status["turbo"] == "auto"
+    assert plan.status["turbo3"] == "active" and plan.status["gdn_legacy"] != "upstream"
+    keys = list(plan.status)
+    assert keys.index("gdn_legacy") < keys.index("turbo") < keys.index("turbo3")  # the banner's order
+
+
+def test_unverified_triton_keeps_vllms_prefill_with_one_line_why() -> None:
+    # vLLM 0.33 ships Triton 3.8, which the hook was not verified with: no tensor cores, so no claim.
+    plan = _plan("3.8.0", vllm="0.33.0")
+    assert plan.status["turbo"] == "off-unverified-triton-3.8.0"
+    assert (plan.status["gdn_legacy"], plan.status["turbo3"]) == ("upstream", "inactive")
+    why = [n for n in plan.notes if n.startswith("accelerated path inactive")]
+    assert len(why) == 1 and "turbo=off-unverified-triton-3.8.0" in why[0] and "CUDA cores" in why[0]
+    assert plan.refusal is None
+    required = _plan("3.8.0", vllm="0.33.0", env={"CAOVAN_REQUIRE_TURBO3": "1"})
+    assert required.refusal and "turbo=off-unverified-triton-3.8.0" in required.refusal
+
+
+@pytest.mark.parametrize("env, triton, line", [
+    ({"CAOVAN_TURBO": "off"}, "3.6.0", "off-by-user"),
+    ({"CAOVAN_TURBO": "on"}, "3.8.0", "on-unverified-triton-3.8.0"),  # installed, but nothing verified there
+    ({}, None, "off-no-triton"),
+])
+def test_no_tensor_cores_means_upstream(env, triton, line) -> None:
+    plan = _plan(triton, env=env)
+    assert plan.status["turbo"] == line
+    assert plan.status["turbo3"] == "inactive" and plan.status["gdn_legacy"] == "upstream"
+
+
+def test_forced_turbo_on_a_verified_triton_counts() -> None:
+    plan = _plan("3.6.0", env={"CAOVAN_TURBO": "on"})
+    assert (plan.status["turbo"], plan.status["turbo3"]) == ("on", "active")
+
+
+def test_user_disable_keeps_its_own_line_and_still_reports_turbo() -> None:
+    plan = _plan("3.6.0", env={"CAOVAN_GDN_LEGACY_DISABLE": "1"})
+    assert (plan.status["gdn_legacy"], plan.status["turbo"], plan.status["turbo3"]) == (
+        "disabled-by-user", "auto", "inactive")
+
+
+@pytest.mark.parametrize("turbo, triton, vllm, mode, gpus", list(itertools.product(
+    ("auto", "on", "off"), ("3.5.1", "3.6.0", "3.6.1+git", "3.7.0", "3.8.0", None),
+    ("0.21.0", "0.22.1", "0.24.0", "0.33.0", "0.34.0", "0.40.0"), ("auto", "guards"),
+    ([dict(TI22, index=0), dict(TI22, index=1)], [dict(RTX3090, index=0)]))))
+def test_never_claims_tensor_cores_the_hook_cannot_give(turbo, triton, vllm, mode, gpus) -> None:
+    env = {"CAOVAN_TURBO": turbo, "CAOVAN_MODE": mode}
+    facts = Facts.from_dict(facts_dict(versions={"triton": triton, "vllm": vllm}, gpus=gpus))
+    settings = load_settings(env)
+    state = gdn_state(facts, settings)
+    hook = decide_turbo(facts, settings, triton)
+    assert state.turbo == hook  # the plan reports the same decision register() acts on
+    if state.active:
+        assert hook.install and triton is not None
+        assert any(triton_version_matches(triton, (v,)) for v in HOOK_TRITON_VERSIONS)
+        assert state.turbo.line in ("auto", "on")
+
+
+def test_every_hook_triton_is_one_our_gdn_kernels_were_verified_with() -> None:
+    # A Triton the hook trusts but our kernels were never checked on would put an unverified build in charge.
+    entries = {k.name: k for k in load_allowlist().kernels}
+    for name in GDN_KERNELS:
+        assert name in entries, name
+        for version in HOOK_TRITON_VERSIONS:
+            assert triton_version_matches(version + ".0", entries[name].triton_versions), (name, version)
