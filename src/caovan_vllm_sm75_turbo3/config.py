@@ -9,12 +9,12 @@ test keeps the two in step.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from . import safe_json
 from .errors import SettingError
 
 ENV_PREFIX = "CAOVAN_"
@@ -22,6 +22,7 @@ CONFIG_PREFIX = "caovan_"
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 _BOOL_HELP = "use 1/0, true/false, yes/no or on/off"
+_MAX_INT = 10**9
 
 
 def _setting(default: Any, doc: str, *, kind: str | None = None, choices: tuple[str, ...] = (),
@@ -135,7 +136,7 @@ def specs() -> tuple[SettingSpec, ...]:
 def _parse(spec: SettingSpec, raw: Any, where: str) -> Any:
     """Turn one raw value (env string, JSON value or CLI value) into the setting's type."""
     def bad() -> SettingError:
-        return SettingError(f"{where}={raw!r} is not accepted: {spec.accepted()}.")
+        return SettingError(f"{where}={safe_json.short(raw)} is not accepted: {spec.accepted()}.")
 
     if spec.kind == "bool":
         if isinstance(raw, bool):
@@ -157,6 +158,9 @@ def _parse(spec: SettingSpec, raw: Any, where: str) -> Any:
             raise bad() from None
         if spec.minimum is not None and value < spec.minimum:
             raise bad()
+        if value > _MAX_INT:  # a timeout of 10**4000 s would overflow the clocks that use it
+            raise SettingError(f"{where}={safe_json.short(raw)} is not accepted: {spec.accepted()}, "
+                               f"at most {_MAX_INT}.")
         return value
     if not isinstance(raw, str):
         raise bad()
@@ -173,19 +177,30 @@ def _parse(spec: SettingSpec, raw: Any, where: str) -> Any:
 
 
 def parse_additional_config(text: str | None) -> dict[str, Any]:
-    """Parse vLLM's `--additional-config` JSON; the caller passes the original string on intact."""
+    """Parse vLLM's `--additional-config` JSON; the caller passes the original string on intact.
+
+    Strict JSON: NaN/Infinity and nesting deeper than 64 levels are refused (SettingError)."""
     if text is None or not text.strip():
         return {}
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as err:
+        value = safe_json.loads(text)
+    except safe_json.BadJson as err:
         raise SettingError(
-            f"--additional-config is not valid JSON ({err.msg} at line {err.lineno} column {err.colno}): "
-            f"{text!r}. Example: '{{\"caovan\":true,\"caovan_mode\":\"auto\"}}'.") from None
+            f"--additional-config {err}: {safe_json.short(text)}. "
+            "Example: '{\"caovan\":true,\"caovan_mode\":\"auto\"}'.") from None
     if not isinstance(value, dict):
         raise SettingError(
-            f"--additional-config must be a JSON object such as '{{\"caovan\":true}}', not {text!r}.")
+            f"--additional-config must be a JSON object such as '{{\"caovan\":true}}', not {safe_json.short(text)}.")
     return value
+
+
+def _checked_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """An already-parsed additional-config (vLLM's dotted form) under the same limits as the JSON."""
+    try:
+        safe_json.check_depth(dict(config))
+    except safe_json.BadJson as err:
+        raise SettingError(f"--additional-config {err}.") from None
+    return dict(config)
 
 
 def load_settings(env: Mapping[str, str] | None = None,
@@ -199,7 +214,7 @@ def load_settings(env: Mapping[str, str] | None = None,
     env = os.environ if env is None else env
     config = (parse_additional_config(additional_config)
               if additional_config is None or isinstance(additional_config, str)
-              else dict(additional_config))
+              else _checked_config(additional_config))
     all_specs = specs()
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
@@ -214,7 +229,7 @@ def load_settings(env: Mapping[str, str] | None = None,
     unknown = sorted(k for k in config if (k == "caovan" or k.startswith(CONFIG_PREFIX)) and k not in known_keys)
     if unknown:
         raise SettingError(
-            f"--additional-config has unknown Caovan key {unknown[0]!r}; known keys: "
+            f"--additional-config has unknown Caovan key {safe_json.short(unknown[0])}; known keys: "
             + ", ".join(sorted(known_keys)) + ".")
 
     for spec in all_specs:

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import safe_json
 from ..config import parse_additional_config
 from ..errors import SettingError
 
@@ -70,10 +71,11 @@ def canonical(name: str) -> str:
 
 
 def _json_value(text: str) -> Any:
-    """A dotted `--json-arg.key value` value as vLLM reads it: JSON when it parses, else the string."""
+    """A dotted `--json-arg.key value` value as vLLM reads it: JSON when it parses, else the string.
+    Strict JSON (no NaN, at most 64 levels), so nothing later recurses without bound."""
     try:
-        return json.loads(text)
-    except json.JSONDecodeError:
+        return safe_json.loads(text)
+    except safe_json.BadJson:
         return text
 
 
@@ -114,6 +116,9 @@ def read_vllm_args(argv: Sequence[str]) -> VllmArgs:
             keys = name[len(ADDITIONAL_CONFIG) + 1:].split(".")
             if value is True or not all(keys):
                 raise SettingError(f"{token} needs a value, e.g. {ADDITIONAL_CONFIG}.caovan_mode auto.")
+            if len(keys) > safe_json.MAX_DEPTH:
+                raise SettingError(f"{ADDITIONAL_CONFIG}.KEY takes at most {safe_json.MAX_DEPTH} dotted "
+                                   f"levels, not {len(keys)}.")
             _set_nested(dotted, keys, _json_value(str(value)))
             continue
         if name == ADDITIONAL_CONFIG:

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from .. import safe_json
 from ..errors import FactsError
 
 FACTS_SCHEMA = 1
@@ -122,52 +123,104 @@ class Facts:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "file") -> Facts:
-        """Load facts; missing keys mean unknown, unknown keys are kept. Raises FactsError."""
-        if not isinstance(data, dict):
-            raise FactsError(f"facts from {source} must be a JSON object with gpus/host/versions")
-        data = dict(data)
-        data.pop("schema", None)
+        """Load facts; missing keys mean unknown, unknown keys are kept. Raises FactsError
+        naming the key path and what it accepts when a known key has the wrong type or range."""
         try:
+            if not isinstance(data, dict):
+                raise _Shape("must be a JSON object with gpus/host/versions")
+            safe_json.check_depth(data)
+            data = dict(data)
+            data.pop("schema", None)
             gpus_raw = data.pop("gpus", None)
             gpus_raw = [] if gpus_raw is None else gpus_raw
             if not isinstance(gpus_raw, list):
-                raise TypeError("'gpus' must be a list")
-            gpus = []
-            for i, g in enumerate(gpus_raw):
-                if not isinstance(g, dict):
-                    raise TypeError(f"gpus[{i}] must be an object")
-                known, extra = _split_known(GpuFact, g)
-                known.setdefault("index", i)
-                if known.get("compute_capability") is not None:
-                    known["compute_capability"] = str(known["compute_capability"])
-                gpus.append(GpuFact(**known, extra=extra))
+                raise _Shape("'gpus' must be a list")
+            if len(gpus_raw) > _LIMITS["index"][1] + 1:
+                raise _Shape(f"'gpus' lists {len(gpus_raw)} GPUs; at most {_LIMITS['index'][1] + 1} are accepted")
+            gpus = [_gpu(g, i) for i, g in enumerate(gpus_raw)]
             parts: dict[str, Any] = {}
             for key, kind in (("host", HostFacts), ("versions", Versions), ("toolchain", Toolchain)):
                 raw = data.pop(key, None)
                 raw = {} if raw is None else raw
                 if not isinstance(raw, dict):
-                    raise TypeError(f"'{key}' must be an object")
-                known, extra = _split_known(kind, raw)
+                    raise _Shape(f"'{key}' must be an object")
+                known, extra = _section(kind, raw, key)
                 parts[key] = kind(**known, extra=extra)
-            known, extra = _split_known(cls, data)
-            known.pop("source", None)  # where these facts came from is where we read them now
+            data.pop("source", None)  # where these facts came from is where we read them now
+            known, extra = _section(cls, data, "")
             return cls(gpus=gpus, **parts, **known, source=source, extra=extra)
-        except TypeError as err:
-            raise FactsError(f"facts from {source} do not have the expected shape: {err}") from None
+        except (_Shape, safe_json.BadJson) as err:
+            detail = str(err) if isinstance(err, _Shape) else f"the data {err}"
+            raise FactsError(f"facts from {source} do not have the expected shape: {detail}") from None
 
     @classmethod
     def load(cls, path: str | Path) -> Facts:
-        """Read a facts JSON file (as written by `caovan-sm75-doctor --json` or by hand)."""
+        """Read a facts JSON file (as written by `caovan-sm75-doctor --json` or by hand).
+
+        Only a regular file up to 16 MiB of strict UTF-8 JSON is read; a FIFO or device is
+        refused before reading, so it cannot hang the command. Raises FactsError.
+        """
         p = Path(path).expanduser()
         try:
-            text = p.read_text(encoding="utf-8")
+            data = safe_json.load_file(p, MAX_FACTS_BYTES)
         except OSError as err:
             raise FactsError(f"cannot read facts file {str(p)!r}: {err.strerror or err}") from None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise FactsError(f"facts file {str(p)!r} is not valid JSON "
-                             f"({err.msg} at line {err.lineno} column {err.colno})") from None
+        except safe_json.BadJson as err:
+            raise FactsError(f"facts file {str(p)!r} {err}; it must be a JSON object as written by "
+                             "caovan-sm75-doctor --json") from None
         if isinstance(data, dict) and isinstance(data.get("facts"), dict):
             data = data["facts"]  # accept a whole `caovan-sm75-doctor --json` report too
         return cls.from_dict(data, source=str(p))
+
+
+class _Shape(ValueError):
+    """A facts value of the wrong type or range; the message names its key path."""
+
+
+MAX_FACTS_BYTES = 16 * 2**20  # real facts files are a few KiB
+_MAX_MIB = 2**31  # 2 PiB: far above any machine, far below float trouble
+# Accepted ranges of the whole-number fields, by field name (the same name means the same unit).
+_LIMITS: dict[str, tuple[int, int]] = {
+    "index": (0, 1023), "memory_total_mib": (0, _MAX_MIB), "memory_available_mib": (0, _MAX_MIB),
+    "swap_total_mib": (0, _MAX_MIB), "cpu_count": (1, 2**20)}
+
+
+def _field_value(name: str, hint: str, value: Any, where: str) -> Any:
+    """One known field checked against its declared type; None (unknown) always passes."""
+    if value is None:
+        return None
+    path = f"{where}.{name}" if where else name
+    if name == "compute_capability" and isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = str(value)  # 7.5 written as a number is still "7.5"
+    if hint.startswith("int"):
+        lo, hi = _LIMITS.get(name, (0, 2**31))
+        whole = int(value) if isinstance(value, float) and value.is_integer() else value
+        if isinstance(whole, bool) or not isinstance(whole, int) or not lo <= whole <= hi:
+            raise _Shape(f"'{path}' must be a whole number from {lo} to {hi} or null, not {safe_json.short(value)}")
+        value = whole
+    elif hint.startswith("str"):
+        if not isinstance(value, str):
+            raise _Shape(f"'{path}' must be a string or null, not {safe_json.short(value)}")
+    elif hint.startswith("bool"):
+        if not isinstance(value, bool):
+            raise _Shape(f"'{path}' must be true, false or null, not {safe_json.short(value)}")
+    elif hint.startswith("list[str]"):
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise _Shape(f"'{path}' must be a list of strings, not {safe_json.short(value)}")
+    return value
+
+
+def _section(cls: type, raw: dict[str, Any], where: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One section's known fields, each checked against its declared type, and its unknown keys."""
+    known, extra = _split_known(cls, raw)
+    hints = {f.name: str(f.type) for f in fields(cls)}
+    return {k: _field_value(k, hints[k], v, where) for k, v in known.items()}, extra
+
+
+def _gpu(raw: Any, i: int) -> GpuFact:
+    if not isinstance(raw, dict):
+        raise _Shape(f"gpus[{i}] must be an object")
+    known, extra = _section(GpuFact, raw, f"gpus[{i}]")
+    if known.get("index") is None:
+        known["index"] = i
+    return GpuFact(**known, extra=extra)
