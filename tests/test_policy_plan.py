@@ -10,7 +10,7 @@ from caovan_vllm_sm75_turbo3.config import load_settings
 from caovan_vllm_sm75_turbo3.policy import plan as plan_module
 from caovan_vllm_sm75_turbo3.policy.accel import GdnState
 from caovan_vllm_sm75_turbo3.policy.turbo import TurboDecision
-from caovan_vllm_sm75_turbo3.policy.banner import banner_lines
+from caovan_vllm_sm75_turbo3.policy.banner import HEADER_RE, banner_lines, header
 from caovan_vllm_sm75_turbo3.policy.guards import CacheState
 from caovan_vllm_sm75_turbo3.policy.plan import FilledArg, make_plan
 from caovan_vllm_sm75_turbo3.policy.vllm_args import read_vllm_args
@@ -43,7 +43,7 @@ def changes(plan) -> dict[str, tuple[str, str]]:
     return {c.var: (c.action, c.value) for c in plan.env}
 
 
-# Which variables each vLLM release has (DESIGN.md): RPC up to 0.22, iteration up to 0.31,
+# Which variables each vLLM release has (docs/design.md): RPC up to 0.22, iteration up to 0.31,
 # execute in all; the FlashInfer sampler can run on SM75 only up to 0.23.
 @pytest.mark.parametrize("version,timeouts,probe_status", [
     ("0.21.0", {"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "1800", "VLLM_ENGINE_ITERATION_TIMEOUT_S": "1800",
@@ -230,6 +230,14 @@ def test_banner_starts_with_the_lines_users_grep_for():
     set_lines = [ln for ln in lines if ln.startswith("env.") and " set: " in ln]
     assert len(set_lines) == len(plan.env)
     assert any(ln.startswith("env.VLLM_RPC_TIMEOUT=1800000 set: ") and "[vLLM <=0.22;" in ln for ln in set_lines)
+
+
+def test_the_header_line_and_the_pattern_logtriage_reads_it_with_agree():
+    assert header() == f"Caovan vLLM SM75 Turbo3 external plugin v{__version__}"
+    for version in ("0.1.0", "0.2.0rc1+cu130"):
+        m = HEADER_RE.search(f"(APIServer pid=7) INFO 12-03 {header(version)}")
+        assert m is not None and m["version"] == version
+    assert HEADER_RE.search("Caovan vLLM SM75 Turbo3 external plugin-v0.1.0") is None
 
 
 def test_plan_json_round_trips_the_decisions():

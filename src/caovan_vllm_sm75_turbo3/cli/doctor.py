@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from .. import __version__
 from ..config import Settings, load_settings, specs
 from ..errors import CaovanError
+from ..policy.banner import header
 from ..policy.checks import CheckResult, Status, rollup, run_checks, sm75_line
 from ..runtime.facts import Facts
 from ..runtime.model import read_model
@@ -18,7 +19,6 @@ from ..runtime.probe import load_facts
 from .common import run_cli
 
 PROG = "caovan-sm75-doctor"
-HEADER = f"Caovan vLLM SM75 Turbo3 external plugin v{__version__}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,7 +66,7 @@ def print_text(facts: Facts, results: list[CheckResult], settings: Settings, wit
 
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 110)
     status = rollup(results)
-    console.print(HEADER)
+    console.print(header())
     console.print(f"runtime={status.value}")
     console.print(f"sm75={sm75_line(facts)}")
     if facts.source != "probe":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import textwrap
 
+from ..policy.banner import header
 from .triage import Finding, Triage
 
 WIDTH = 100
@@ -33,7 +34,7 @@ def render_text(t: Triage) -> str:
     out.append(f"Log: {'standard input' if t.source == '-' else t.source} ({t.lines:,} lines{version})")
     c = t.caovan
     if c.version:
-        out.append(f"Caovan vLLM SM75 Turbo3 external plugin v{c.version} (line {c.line}"
+        out.append(f"{header(c.version)} (line {c.line}"
                    + (f"; {c.banners} launches in this log, the first is shown" if c.banners > 1 else "") + ")")
         meanings = c.meanings()
         for key, value in c.status.items():

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from ..errors import CaovanError
 from ..policy import vllm_versions as vv
+from ..policy.banner import HEADER_RE
 from .reader import LogLine, open_log, read_lines
 from .signatures import BY_ID, CONTEXT_LINES, SIGNATURES, Role, Rule, Signature
 
@@ -17,7 +18,6 @@ MAX_TEXT = 300            # characters of a matched line kept as its excerpt
 MAX_STATUS_KEYS = 64      # key=value lines kept from one banner
 MAX_PROCESSES = 256       # processes whose open traceback is tracked
 
-BANNER = re.compile(r"Caovan vLLM SM75 Turbo3 external plugin v(?P<version>\S+)")
 STATUS_LINE = re.compile(r"^(?:\[Caovan\] )?(?P<key>[a-z][a-z0-9_]*)=(?P<value>\S.*)$")
 WARMUP_LINE = re.compile(r"\[Caovan\] (?P<line>warmup=\S+.*)$")
 # Lines of the banner after its status lines (policy/banner.py): kept in the block, checks kept.
@@ -62,7 +62,7 @@ PHASE_WORDS: dict[str, str] = {
     "kv-cache": "while sizing the KV cache", "graph-capture": "during CUDA-graph capture",
     "warmup": "during start-up warm-up", "serving": "while serving",
 }
-# What our banner's values mean, for the summary (DESIGN.md's status lines).
+# What our banner's values mean, for the summary (docs/design.md's status lines).
 STATUS_MEANINGS: dict[tuple[str, str], str] = {
     ("runtime", "PASS"): "our runtime checks passed",
     ("runtime", "WARN"): "a runtime check warned (caovan-sm75-doctor says which)",
@@ -269,7 +269,7 @@ class _Reader:
             self.in_banner = False
         if "Caovan" not in text:
             return False
-        if m := BANNER.search(text):
+        if m := HEADER_RE.search(text):
             c.banners += 1
             self.in_banner = c.banners == 1   # the first launch is summarised
             if self.in_banner:

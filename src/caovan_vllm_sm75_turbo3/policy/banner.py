@@ -1,18 +1,29 @@
 """The status banner, printed once per launch: the header, the `key=value` lines users grep for
-(DESIGN.md), then every environment variable we set or kept, checks that did not pass,
+(docs/design.md), then every environment variable we set or kept, checks that did not pass,
 warnings and notes. Pure text from a plan.
 """
 
 from __future__ import annotations
 
+import re
+
 from .. import __version__
 from .checks import Status
-from .plan import HEADER, Plan
+from .plan import Plan
+
+# The first line of every banner (docs/design.md: users and logtriage grep for it); its one home.
+HEADER_PREFIX = "Caovan vLLM SM75 Turbo3 external plugin v"
+HEADER_RE = re.compile(re.escape(HEADER_PREFIX) + r"(?P<version>\S+)")
+
+
+def header(version: str = __version__) -> str:
+    """The header line for plugin version `version` (this package's by default)."""
+    return HEADER_PREFIX + version
 
 
 def banner_lines(plan: Plan) -> list[str]:
-    """The banner, one line each; the first lines are exactly DESIGN.md's."""
-    lines = [HEADER]
+    """The banner, one line each; the first lines are exactly docs/design.md's."""
+    lines = [header()]
     lines += [f"{k}={v}" for k, v in plan.status.items()]
     if plan.refusal:
         lines.append(f"refused: {plan.refusal}")

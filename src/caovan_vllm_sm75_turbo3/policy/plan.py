@@ -21,7 +21,6 @@ from .checks import CheckResult, Status, rollup, run_checks, sm75_line
 from .guards import CacheState, EnvChange, GuardResult, arch_guard, cache_guard, sampler_guard, timeout_guard
 from .vllm_args import VllmArgs
 
-HEADER = f"Caovan vLLM SM75 Turbo3 external plugin v{__version__}"
 POST_START_WARMUP = "disabled-default"  # never warm up from inside the server: it raced the first compile
 
 
