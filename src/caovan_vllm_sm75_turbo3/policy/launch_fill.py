@@ -17,14 +17,14 @@ every profile live here, not in the data:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..runtime.facts import Facts
 from ..runtime.model import ModelFacts, ModelShape, model_shape
 from . import vllm_versions as vv
 from .memory_plan import MemoryInputs, MemoryPlan, plan_memory
-from .profiles import ProfileTable, Setup, matches, select, setup_of
+from .profiles import Family, Profile, ProfileTable, Setup, matches, select, setup_of
 from .vllm_args import VllmArgs
 
 KV_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}  # anything else: the fp16 model dtype, 2 bytes
@@ -179,7 +179,35 @@ def fill_launch(facts: Facts, model: ModelFacts | None, profile_setting: str, ar
     setup = setup_of(table, facts, shape)
     f = _Filler(args)
     version = facts.versions.vllm
-    if profile_setting == "auto":
+    profile = _choose_profile(f, table, setup, profile_setting)
+    launch = profile.launch
+    if shape is None or model is None:
+        _fill_without_shape(f, launch)
+        return LaunchFill(profile.name, tuple(f.args), tuple(f.lines), tuple(f.warnings), None, setup)
+    f.lines.append(_model_line(shape, model, setup.family))
+    tp = _fill_tensor_parallel(f, launch, facts.sm75_count, shape)
+    _fill_dtype(f, launch)
+    _check_user_dtype(f)
+    kv = _fill_kv_cache_dtype(f, launch, version)
+    _fill_attention_backend(f, launch, version)
+    draft = _fill_speculative(f, launch, shape, model, table.families.get(setup.family or ""))
+    util = _fill_gpu_memory_utilization(f, launch, profile.name)
+    inputs = None if setup.gpu_memory_mib is None else MemoryInputs(
+        gpu_memory_mib=setup.gpu_memory_mib, tensor_parallel=tp, gpu_memory_utilization=util,
+        weights_bytes=model.size_bytes, headroom_mib=launch.get("headroom_mib", 2048),
+        kv_cache_bytes=KV_BYTES.get(kv, 2), speculative_tokens=draft, mtp_layers=shape.mtp_layers if draft else 0)
+    memory, seqs = _fill_memory(f, launch, shape, inputs)
+    _fill_batched_tokens(f, launch, profile.name)
+    _fill_prefix_caching(f, launch, shape, version)
+    _fill_cuda_graphs(f, launch, shape, draft, seqs)
+    _fill_all_reduce(f, launch, tp)
+    _fill_extra_args(f, launch, profile.name)
+    return LaunchFill(profile.name, tuple(f.args), tuple(f.lines), tuple(f.warnings), memory, setup)
+
+
+def _choose_profile(f: _Filler, table: ProfileTable, setup: Setup, setting: str) -> Profile:
+    """The profile named by `setting` (auto: the one matching `setup`, else conservative), announced."""
+    if setting == "auto":
         profile = select(table, setup)
         if profile is None:
             why = "; ".join(setup.why_unknown) or "no profile for this setup"
@@ -187,47 +215,53 @@ def fill_launch(facts: Facts, model: ModelFacts | None, profile_setting: str, ar
                               "that start, not the fast ones")
             profile = table.conservative
     else:
-        profile = table.by_name(profile_setting)
+        profile = table.by_name(setting)
         if not matches(profile, setup):
             f.warnings.append(f"profile {profile.name} is for {profile.match.describe() if profile.match else '?'}; "
                               f"this is {setup.describe()}: its values may not fit")
-    launch = profile.launch
     f.lines.append(f"profile: {profile.name} ({profile.source.kind}): {profile.source.detail}"
                    + (f" [{profile.source.where}]" if profile.source.where else ""))
-    if shape is not None and model is not None:
-        f.lines.append(_model_line(shape, model, setup.family))
-    if shape is None:
-        # Without the model's shape only the hardware rules apply: heads, memory, MTP are unknown.
-        f.warnings.append("the model's config.json could not be read (pass a local model directory): "
-                          "only --dtype and the all-reduce rule are filled")
-        if launch.get("dtype"):
-            f.fill("--dtype", launch["dtype"], "Turing has no bf16: fp16 weights and activations")
-        tp_user = _int_value(f.user_value("--tensor-parallel-size")) or 1
-        if tp_user > 1 and not launch.get("custom_all_reduce", False):
-            f.fill("--disable-custom-all-reduce", None, f"TP {tp_user} over PCIe: vLLM's custom all-reduce "
-                   "cost 2-3 % decode on 2 x 2080 Ti")
-        return LaunchFill(profile.name, tuple(f.args), tuple(f.lines), tuple(f.warnings), None, setup)
+    return profile
 
-    # Tensor parallel: the user's, else the profile's, else the largest that divides the heads.
+
+def _fill_without_shape(f: _Filler, launch: dict[str, Any]) -> None:
+    """Without the model's shape only the hardware rules apply: heads, memory, MTP are unknown."""
+    f.warnings.append("the model's config.json could not be read (pass a local model directory): "
+                      "only --dtype and the all-reduce rule are filled")
+    _fill_dtype(f, launch)
+    _fill_all_reduce(f, launch, _int_value(f.user_value("--tensor-parallel-size")) or 1)
+
+
+def _fill_tensor_parallel(f: _Filler, launch: dict[str, Any], gpus: int, shape: ModelShape) -> int:
+    """Tensor parallel: the user's, else the profile's, else the largest that divides the heads."""
     tp = _int_value(f.user_value("--tensor-parallel-size"))
-    if tp is None:
-        tp = launch.get("tensor_parallel_size") or conservative_tp(facts.sm75_count, shape)
-        if tp > facts.sm75_count or not tp_divides(shape, tp):
-            fallback = conservative_tp(facts.sm75_count, shape)
-            f.warnings.append(f"tensor parallel {tp} does not fit {facts.sm75_count} GPU(s) or the model's heads: "
-                              f"using {fallback}")
-            tp = fallback
-        heads = f"{shape.num_attention_heads} query / {shape.num_kv_heads} KV heads" if shape else "the heads"
-        f.fill("--tensor-parallel-size", str(tp), f"{facts.sm75_count} SM75 GPU(s); {heads} split over {tp}")
-    else:
+    if tp is not None:
         f.kept("--tensor-parallel-size", "the memory plan uses it")
-    dtype = launch.get("dtype")
-    if dtype:
-        f.fill("--dtype", dtype, "Turing has no bf16: fp16 weights and activations")
+        return tp
+    tp = launch.get("tensor_parallel_size") or conservative_tp(gpus, shape)
+    if tp > gpus or not tp_divides(shape, tp):
+        fallback = conservative_tp(gpus, shape)
+        f.warnings.append(f"tensor parallel {tp} does not fit {gpus} GPU(s) or the model's heads: using {fallback}")
+        tp = fallback
+    heads = f"{shape.num_attention_heads} query / {shape.num_kv_heads} KV heads"
+    f.fill("--tensor-parallel-size", str(tp), f"{gpus} SM75 GPU(s); {heads} split over {tp}")
+    return tp
+
+
+def _fill_dtype(f: _Filler, launch: dict[str, Any]) -> None:
+    """The profile's model dtype (fp16: Turing has no bf16)."""
+    if launch.get("dtype"):
+        f.fill("--dtype", launch["dtype"], "Turing has no bf16: fp16 weights and activations")
+
+
+def _check_user_dtype(f: _Filler) -> None:
+    """Warn about a user dtype that SM75 cannot run."""
     if f.user_value("--dtype") in ("bfloat16",):
         f.warnings.append("--dtype bfloat16 on SM75: Turing has no bf16, vLLM will refuse it; use half")
 
-    # KV cache dtype: fp8 only where this release can serve it on SM75.
+
+def _fill_kv_cache_dtype(f: _Filler, launch: dict[str, Any], version: str | None) -> str:
+    """KV cache dtype: fp8 only where this release can serve it on SM75. Returns the effective one."""
     kv_pref = launch.get("kv_cache_dtype")
     if kv_pref:
         if kv_pref in KV_BYTES and not fp8_kv_on_sm75(version):
@@ -242,62 +276,77 @@ def fill_launch(facts: Facts, model: ModelFacts | None, profile_setting: str, ar
     if isinstance(kv_given, str) and kv_given in KV_BYTES and not fp8_kv_on_sm75(version):
         f.warnings.append(f"--kv-cache-dtype {kv_given} kept as given, but vLLM {version} has no backend that "
                           "serves fp8 KV on SM75: the start will fail")
-    kv_eff = kv_given if isinstance(kv_given, str) else next(
-        (a.value for a in f.args if a.flag == "--kv-cache-dtype"), "auto")
+    if isinstance(kv_given, str):
+        return kv_given
+    return str(next((a.value for a in f.args if a.flag == "--kv-cache-dtype"), "auto"))
 
+
+def _fill_attention_backend(f: _Filler, launch: dict[str, Any], version: str | None) -> None:
+    """The profile's attention backend, Triton where this release refuses FlashInfer on SM75."""
     backend = launch.get("attention_backend")
-    if backend:
-        if backend == "FLASHINFER" and not vv.has("flashinfer-on-sm75", version):
-            f.fill("--attention-backend", "TRITON_ATTN", f"the profile asks FLASHINFER, refused below SM80 in "
-                   f"vLLM {version}: Triton attention, the backend left on SM75")
-        else:
-            f.fill("--attention-backend", backend, "FlashInfer runs on SM75 up to vLLM 0.23 (FLASH_ATTN needs SM80); "
-                   "named so a broken FlashInfer fails at start instead of switching silently"
-                   if backend == "FLASHINFER" else "the profile's attention backend")
-
-    # Speculative decoding: MTP only with MTP weights in the checkpoint.
-    draft = _user_speculative(f)
-    want = launch.get("speculative_tokens", 0)
-    family = table.families.get(setup.family or "")
-    if draft is None and f.given("--speculative-config"):
-        draft = 0
-        f.lines.append("kept: --speculative-config as given (draft tokens unreadable, the memory plan assumes none)")
-    elif draft is not None:
-        f.lines.append(f"kept: --speculative-config as given ({draft} draft tokens)")
-    elif want:
-        method = family.speculative_method if family else None
-        if model is None or not model.has_mtp_weights:
-            declared = f"the config declares {shape.mtp_layers} MTP layer(s) but " if shape.mtp_layers else ""
-            f.lines.append(f"speculative: none: {declared}the checkpoint has no MTP weights (mtp.*)")
-            draft = 0
-        elif not method:
-            f.lines.append(f"speculative: none: no MTP method known for {shape.architecture}")
-            draft = 0
-        else:
-            draft = want
-            f.fill("--speculative-config", {"method": method, "num_speculative_tokens": want},
-                   f"the checkpoint has {model.mtp_weights} MTP weights; {want} draft tokens were fastest on "
-                   "2 x 2080 Ti (about 100 tok/s decode against 45 without; 2 and 4 were slower)")
-    draft = draft or 0
-
-    # Memory: max-model-len and max-num-seqs that fit, from the effective values.
-    util = _float_value(f.user_value("--gpu-memory-utilization"))
-    if util is None:
-        util = launch.get("gpu_memory_utilization", 0.9)
-        f.fill("--gpu-memory-utilization", f"{util:g}", f"profile {profile.name}: the share of each GPU vLLM takes")
+    if not backend:
+        return
+    if backend == "FLASHINFER" and not vv.has("flashinfer-on-sm75", version):
+        f.fill("--attention-backend", "TRITON_ATTN", f"the profile asks FLASHINFER, refused below SM80 in "
+               f"vLLM {version}: Triton attention, the backend left on SM75")
     else:
+        f.fill("--attention-backend", backend, "FlashInfer runs on SM75 up to vLLM 0.23 (FLASH_ATTN needs SM80); "
+               "named so a broken FlashInfer fails at start instead of switching silently"
+               if backend == "FLASHINFER" else "the profile's attention backend")
+
+
+def _fill_speculative(f: _Filler, launch: dict[str, Any], shape: ModelShape, model: ModelFacts,
+                      family: Family | None) -> int:
+    """Speculative decoding: MTP only with MTP weights in the checkpoint. Returns the draft tokens."""
+    draft = _user_speculative(f)
+    if draft is None and f.given("--speculative-config"):
+        f.lines.append("kept: --speculative-config as given (draft tokens unreadable, the memory plan assumes none)")
+        return 0
+    if draft is not None:
+        f.lines.append(f"kept: --speculative-config as given ({draft} draft tokens)")
+        return draft
+    want = launch.get("speculative_tokens", 0)
+    if not want:
+        return 0
+    method = family.speculative_method if family else None
+    if not model.has_mtp_weights:
+        declared = f"the config declares {shape.mtp_layers} MTP layer(s) but " if shape.mtp_layers else ""
+        f.lines.append(f"speculative: none: {declared}the checkpoint has no MTP weights (mtp.*)")
+        return 0
+    if not method:
+        f.lines.append(f"speculative: none: no MTP method known for {shape.architecture}")
+        return 0
+    f.fill("--speculative-config", {"method": method, "num_speculative_tokens": want},
+           f"the checkpoint has {model.mtp_weights} MTP weights; {want} draft tokens were fastest on "
+           "2 x 2080 Ti (about 100 tok/s decode against 45 without; 2 and 4 were slower)")
+    return want
+
+
+def _fill_gpu_memory_utilization(f: _Filler, launch: dict[str, Any], profile: str) -> float:
+    """The share of each GPU vLLM takes: the user's, else the profile's. Returns it."""
+    util = _float_value(f.user_value("--gpu-memory-utilization"))
+    if util is not None:
         f.kept("--gpu-memory-utilization", "the memory plan uses it")
+        return util
+    util = launch.get("gpu_memory_utilization", 0.9)
+    f.fill("--gpu-memory-utilization", f"{util:g}", f"profile {profile}: the share of each GPU vLLM takes")
+    return util
+
+
+def _fill_memory(f: _Filler, launch: dict[str, Any], shape: ModelShape,
+                 inputs: MemoryInputs | None) -> tuple[MemoryPlan | None, int]:
+    """max-model-len and max-num-seqs that fit, from the effective values decided before.
+
+    `inputs` is None when the GPU memory is unknown (no plan). Returns the plan and the
+    effective max-num-seqs.
+    """
     seqs_user = _int_value(f.user_value("--max-num-seqs"))
     len_user = _int_value(f.user_value("--max-model-len"))
     memory = None
-    if setup.gpu_memory_mib is not None:
+    if inputs is not None:
         caps = [c for c in (launch.get("max_model_len_cap"), shape.max_position_embeddings) if c]
-        memory = plan_memory(shape, MemoryInputs(
-            gpu_memory_mib=setup.gpu_memory_mib, tensor_parallel=tp, gpu_memory_utilization=util,
-            weights_bytes=model.size_bytes if model else None, headroom_mib=launch.get("headroom_mib", 2048),
-            kv_cache_bytes=KV_BYTES.get(str(kv_eff), 2), speculative_tokens=draft,
-            mtp_layers=shape.mtp_layers if draft else 0,
-            max_num_seqs=seqs_user or launch.get("max_num_seqs", 1), seqs_given=seqs_user is not None,
+        memory = plan_memory(shape, replace(
+            inputs, max_num_seqs=seqs_user or launch.get("max_num_seqs", 1), seqs_given=seqs_user is not None,
             max_model_len=len_user, max_model_len_cap=min(caps) if caps else None))
         f.lines += memory.lines
         f.warnings += memory.warnings
@@ -310,13 +359,19 @@ def fill_launch(facts: Facts, model: ModelFacts | None, profile_setting: str, ar
                        "the longest context that fits max-num-seqs sequences at once (memory lines)")
             if seqs_user is None:
                 f.fill("--max-num-seqs", str(memory.max_num_seqs), "sequences that fit at that context (memory lines)")
-    seqs_eff = seqs_user or (memory.max_num_seqs if memory and memory.max_num_seqs else launch.get("max_num_seqs", 1))
+    seqs = seqs_user or (memory.max_num_seqs if memory and memory.max_num_seqs else launch.get("max_num_seqs", 1))
+    return memory, seqs
 
+
+def _fill_batched_tokens(f: _Filler, launch: dict[str, Any], profile: str) -> None:
+    """The profile's prefill chunk."""
     batched = launch.get("max_num_batched_tokens")
     if batched:
-        f.fill("--max-num-batched-tokens", str(batched), f"profile {profile.name}: the prefill chunk")
+        f.fill("--max-num-batched-tokens", str(batched), f"profile {profile}: the prefill chunk")
 
-    # Prefix caching, and the mamba cache mode it needs on hybrid models.
+
+def _fill_prefix_caching(f: _Filler, launch: dict[str, Any], shape: ModelShape, version: str | None) -> None:
+    """Prefix caching, and the mamba cache mode it needs on hybrid models."""
     prefix_user = f.user_value("--enable-prefix-caching")
     if launch.get("prefix_caching"):
         f.fill("--enable-prefix-caching", None, "reuse the cache of shared prompt prefixes (chat history, tools)")
@@ -325,25 +380,34 @@ def fill_launch(facts: Facts, model: ModelFacts | None, profile_setting: str, ar
     if shape.is_hybrid and prefix_on and mamba_align_effective(version):
         f.fill("--mamba-cache-mode", "align", f"prefix caching on a hybrid GDN model needs align mode in vLLM {version}")
 
-    # CUDA graphs: PIECEWISE with MTP on hybrid models.
-    if draft and shape.is_hybrid and f.user_value("--enforce-eager") is True:
-        f.lines.append("cuda graphs: none (--enforce-eager given), so no compilation config is filled")
-    elif draft and shape.is_hybrid:
-        mode = launch.get("cudagraph_mode", "PIECEWISE")
-        sizes = capture_sizes(seqs_eff, draft)
-        if f.given(COMPILATION):
-            raw = json.dumps(f.user.flags.get(COMPILATION, "")) + " ".join(
-                f"{k} {v}" for k, v in f.user.flags.items() if k.startswith(COMPILATION + "."))
-            if "FULL" in raw.upper():
-                f.warnings.append("your compilation config asks FULL CUDA graphs with MTP on a hybrid GDN model: "
-                                  "that corrupts output; use cudagraph_mode PIECEWISE")
-        f.fill(COMPILATION, {"cudagraph_mode": mode, "cudagraph_capture_sizes": sizes},
-               f"FULL CUDA graphs with MTP corrupt output on hybrid GDN models: {mode}, graphs for "
-               f"{seqs_eff} sequence(s) x (1 + {draft}) tokens")
 
+def _fill_cuda_graphs(f: _Filler, launch: dict[str, Any], shape: ModelShape, draft: int, seqs: int) -> None:
+    """CUDA graphs: PIECEWISE with MTP on hybrid models, sized for `seqs` x (1 + `draft`) tokens."""
+    if not (draft and shape.is_hybrid):
+        return
+    if f.user_value("--enforce-eager") is True:
+        f.lines.append("cuda graphs: none (--enforce-eager given), so no compilation config is filled")
+        return
+    mode = launch.get("cudagraph_mode", "PIECEWISE")
+    if f.given(COMPILATION):
+        raw = json.dumps(f.user.flags.get(COMPILATION, "")) + " ".join(
+            f"{k} {v}" for k, v in f.user.flags.items() if k.startswith(COMPILATION + "."))
+        if "FULL" in raw.upper():
+            f.warnings.append("your compilation config asks FULL CUDA graphs with MTP on a hybrid GDN model: "
+                              "that corrupts output; use cudagraph_mode PIECEWISE")
+    f.fill(COMPILATION, {"cudagraph_mode": mode, "cudagraph_capture_sizes": capture_sizes(seqs, draft)},
+           f"FULL CUDA graphs with MTP corrupt output on hybrid GDN models: {mode}, graphs for "
+           f"{seqs} sequence(s) x (1 + {draft}) tokens")
+
+
+def _fill_all_reduce(f: _Filler, launch: dict[str, Any], tp: int) -> None:
+    """`--disable-custom-all-reduce` with tensor parallel > 1, unless the profile keeps it."""
     if tp > 1 and not launch.get("custom_all_reduce", False):
         f.fill("--disable-custom-all-reduce", None, f"TP {tp} over PCIe: vLLM's custom all-reduce cost 2-3 % "
                "decode on 2 x 2080 Ti")
+
+
+def _fill_extra_args(f: _Filler, launch: dict[str, Any], profile: str) -> None:
+    """The profile's flags without a rule of their own."""
     for flag, value in launch.get("extra_args", {}).items():
-        f.fill(flag, None if value is None else str(value), f"profile {profile.name}")
-    return LaunchFill(profile.name, tuple(f.args), tuple(f.lines), tuple(f.warnings), memory, setup)
+        f.fill(flag, None if value is None else str(value), f"profile {profile}")
