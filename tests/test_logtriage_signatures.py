@@ -302,9 +302,9 @@ def test_every_signature_is_found_in_some_excerpt():
     assert {s.rule for s in SIGNATURES} == set(Rule)
 
 
-def test_readme_table_is_generated_from_the_signatures():
+def test_docs_table_is_generated_from_the_signatures():
     from caovan_vllm_sm75_turbo3.logtriage.signatures import markdown_table
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    page = (Path(__file__).resolve().parents[1] / "docs" / "logtriage.md").read_text()
     start, end = "<!-- logtriage-table:start -->\n", "\n<!-- logtriage-table:end -->"
-    assert readme[readme.index(start) + len(start):readme.index(end)] == markdown_table()
+    assert page[page.index(start) + len(start):page.index(end)] == markdown_table()
