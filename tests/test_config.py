@@ -100,7 +100,7 @@ def test_every_setting_has_doc_env_var_and_key():
         seen_env.add(spec.env_var)
         seen_keys.add(spec.config_key)
     assert {"CAOVAN_GDN_LEGACY_DISABLE", "CAOVAN_REQUIRE_TURBO3", "CAOVAN_FLASHQLA_PRECOMPILE",
-            "CAOVAN_CACHE_DIR"} <= seen_env  # the names DESIGN.md promises users
+            "CAOVAN_CACHE_DIR"} <= seen_env  # the names docs/design.md promises users
 
 
 def test_readme_settings_table_matches_the_code():

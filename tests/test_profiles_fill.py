@@ -18,7 +18,7 @@ from caovan_vllm_sm75_turbo3.runtime.model import model_shape, read_model
 
 QWEN = EXAMPLES / "models" / "qwen3.6-27b-awq"
 TABLE = load_table()
-# The field launch line (DESIGN.md / issue 3), the flags a profile can fill.
+# The field launch line (docs/design.md / issue 3), the flags a profile can fill.
 FIELD = {"--tensor-parallel-size": "2", "--dtype": "half", "--max-model-len": "262144", "--max-num-seqs": "2",
          "--max-num-batched-tokens": "8192", "--kv-cache-dtype": "fp8", "--disable-custom-all-reduce": None,
          "--enable-prefix-caching": None, "--mamba-cache-mode": "align"}

@@ -23,7 +23,7 @@ FACTS = ROOT / "examples" / "2x2080ti-22g.json"
 DOTTED = ["/m", "--additional-config", '{"x":1}', "--additional-config.caovan_mode", "guards",
           "--additional_config.caovan_probe_timeout_s=60", "-tp", "2"]
 
-# Builds vLLM's parser the way DESIGN.md says works without a GPU, then parses each argv
+# Builds vLLM's parser the way docs/design.md says works without a GPU, then parses each argv
 # given on stdin. VLLM_PLUGINS="" keeps our own plugin out of this process.
 PARSER = textwrap.dedent("""
     import json, sys

@@ -2,5 +2,5 @@
 
 `triage.triage_path(path)` gives a `Triage`; `render.render_text(triage)` is its report in words;
 `signatures.SIGNATURES` are the known messages (`python -m caovan_vllm_sm75_turbo3.logtriage.signatures`
-prints them as the README's table). Nothing here imports torch, triton or vllm.
+prints them as the table in docs/logtriage.md). Nothing here imports torch, triton or vllm.
 """

@@ -40,7 +40,7 @@ class Signature:
     also appear in normal status lines). `context`: the match is this signature only if one of these
     substrings is within `CONTEXT_LINES` lines around it; otherwise it is `otherwise`.
     `fixes_by_phase` refines `fix` by the start-up phase the failure happened in. `shown` is how the
-    README's table describes the message when the needles are only a prefilter.
+    table in docs/logtriage.md describes the message when the needles are only a prefilter.
     A line is counted for the first signature in SIGNATURES that matches it, so order matters.
     """
 
@@ -302,7 +302,7 @@ SIGNATURES: tuple[Signature, ...] = (
         rule=Rule.FATAL, role=Role.CONSEQUENCE,
         cause="The server was up but failed requests (500), or reported itself unhealthy (503 after the engine died).",
         fix="Fix the cause named as the first real failure and restart the server."),
-    # Our own status lines (DESIGN.md): the banner's runtime=, the warmup's result, register()'s warning.
+    # Our own status lines (docs/design.md): the banner's runtime=, the warmup's result, register()'s warning.
     Signature(
         id="caovan-runtime-fail",
         shown='the banner line `runtime=FAIL`',
@@ -387,7 +387,7 @@ BY_ID: dict[str, Signature] = {s.id: s for s in SIGNATURES}
 
 
 def markdown_table() -> str:
-    """The README's table of known messages, generated from SIGNATURES so that the two cannot drift."""
+    """The table of known messages in docs/logtriage.md, generated from SIGNATURES so that the two cannot drift."""
     rows = ["| id | judged | spotted by | what it means |", "|---|---|---|---|"]
     for s in SIGNATURES:
         spots = s.shown or ", ".join(f"`{n}`" for n in s.needles)

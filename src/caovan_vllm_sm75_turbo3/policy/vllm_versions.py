@@ -1,7 +1,7 @@
 """What differs between vLLM releases, in one table. Every version-dependent decision reads it.
 
 Ranges are by release (major.minor), inclusive at both ends; `None` means open.
-Sources are DESIGN.md's "vLLM facts" (read from each release's source).
+Sources are docs/design.md's "vLLM facts" (read from each release's source).
 """
 
 from __future__ import annotations
