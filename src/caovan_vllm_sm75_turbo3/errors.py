@@ -23,3 +23,7 @@ class SettingError(CaovanError):
 
 class FactsError(CaovanError):
     """A facts file (`--facts` / `CAOVAN_FACTS`) cannot be read or is not facts JSON."""
+
+
+class ModelError(CaovanError):
+    """A model directory's config.json or safetensors index holds a value no model can have."""

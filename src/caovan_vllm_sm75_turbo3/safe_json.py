@@ -39,31 +39,40 @@ def file_kind(mode: int) -> str:
     return next((words for test, words in _KINDS if test(mode)), "not a regular file")
 
 
-def read_bytes(path: str | Path, limit: int, *, start: int = 0) -> bytes:
-    """Up to `limit` bytes of the regular file `path` from offset `start`.
+def open_regular(path: str | Path) -> tuple[int, int]:
+    """Open `path` for reading; return (fd, size). The caller closes the fd.
 
-    Opened non-blocking and checked with fstat before reading, so a FIFO or device never blocks.
-    Raises OSError when it cannot be opened, BadJson when it is not a regular file or is larger.
+    Opened non-blocking and checked with fstat before any read, so a FIFO or a device never
+    blocks. Raises OSError when it cannot be opened, BadJson when it is not a regular file.
     """
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise BadJson(f"is {file_kind(st.st_mode)}, not a regular file")
+    return fd, st.st_size
+
+
+def read_fd(fd: int, limit: int) -> bytes:
+    """Up to `limit` bytes from `fd`'s position (fewer at the end of the file)."""
+    chunks, left = [], limit
+    while left > 0:
+        chunk = os.read(fd, min(left, 2**20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_bytes(path: str | Path, limit: int) -> bytes:
+    """The whole regular file `path`, refused (BadJson) when larger than `limit` bytes."""
+    fd, size = open_regular(path)
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise BadJson(f"is {file_kind(st.st_mode)}, not a regular file")
-        if st.st_size - start > limit:
-            raise BadJson(f"is larger than {limit // 2**20} MiB")
-        os.lseek(fd, start, os.SEEK_SET)
-        chunks, left = [], limit + 1
-        while left > 0:
-            chunk = os.read(fd, min(left, 2**20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
+        data = b"" if size > limit else read_fd(fd, limit + 1)  # +1: did it grow?
     finally:
         os.close(fd)
-    data = b"".join(chunks)
-    if len(data) > limit:  # the file grew while we read it
+    if size > limit or len(data) > limit:  # the second: it grew while we read it
         raise BadJson(f"is larger than {limit // 2**20} MiB")
     return data
 
@@ -80,10 +89,12 @@ def _no_constant(name: str) -> Any:
     raise BadJson(f"is not strict JSON ({name} is not a JSON number)")
 
 
-def loads(text: str, max_depth: int = MAX_DEPTH) -> Any:
-    """`json.loads` that refuses NaN/Infinity, numbers that overflow to infinity and deep nesting."""
+def loads(text: str, max_depth: int = MAX_DEPTH, *, finite: bool = True) -> Any:
+    """`json.loads` that refuses deep nesting and, with `finite`, NaN/Infinity and numbers that
+    overflow to infinity. `finite=False` is for files other tools write (Python's json.dump
+    writes NaN): the reader then checks the numbers it uses."""
     try:
-        value = json.loads(text, parse_constant=_no_constant)
+        value = json.loads(text, parse_constant=_no_constant if finite else None)
     except json.JSONDecodeError as err:
         raise BadJson(f"is not valid JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
     except RecursionError:
@@ -92,16 +103,16 @@ def loads(text: str, max_depth: int = MAX_DEPTH) -> Any:
         raise
     except ValueError as err:  # e.g. an integer longer than Python's digit limit
         raise BadJson(f"is not valid JSON ({str(err).splitlines()[0]})") from None
-    check_depth(value, max_depth)
+    check_depth(value, max_depth, finite=finite)
     return value
 
 
-def check_depth(value: Any, max_depth: int = MAX_DEPTH) -> None:
-    """BadJson when `value` nests deeper than `max_depth` or holds a non-finite float (NaN, 1e400)."""
+def check_depth(value: Any, max_depth: int = MAX_DEPTH, *, finite: bool = True) -> None:
+    """BadJson when `value` nests deeper than `max_depth` or (with `finite`) holds NaN or infinity."""
     stack = [(value, 1)]
     while stack:  # iterative: the value may be deeper than Python's recursion limit
         item, depth = stack.pop()
-        if isinstance(item, float) and not math.isfinite(item):
+        if finite and isinstance(item, float) and not math.isfinite(item):
             raise BadJson("is not strict JSON (a non-finite number: NaN, Infinity or one too large)")
         if isinstance(item, (dict, list)):
             if depth > max_depth:
@@ -110,6 +121,6 @@ def check_depth(value: Any, max_depth: int = MAX_DEPTH) -> None:
             stack.extend((child, depth + 1) for child in children)
 
 
-def load_file(path: str | Path, limit: int) -> Any:
+def load_file(path: str | Path, limit: int, *, finite: bool = True) -> Any:
     """Read, decode and parse a JSON file with every check above. Raises OSError or BadJson."""
-    return loads(decode(read_bytes(path, limit)))
+    return loads(decode(read_bytes(path, limit)), finite=finite)

@@ -3,16 +3,33 @@ in its safetensors index (for MTP weights), and the shape the memory plan needs.
 
 from __future__ import annotations
 
-import json
+import math
+import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import safe_json
+from ..errors import ModelError
+
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 INDEX_FILE = "model.safetensors.index.json"
 _MTP_PREFIXES = ("mtp.", "model.mtp.")
 _MAX_HEADER = 64 * 2**20  # a safetensors header larger than this is not one we trust
+_HEADERS_BUDGET = 256 * 2**20  # all headers of a directory together (a real one: a few MiB)
+_MAX_JSON = 16 * 2**20  # config.json and the index (a real index: a few MiB)
+_MAX_ENTRIES = 100_000  # top-level directory entries we look at
+_MAX_BYTES = 2**60  # 1 EiB: no checkpoint is larger
+_LAYERS = (0, 10_000)  # the shape arithmetic loops over layers: bound it
+# The config.json numbers the memory plan reads, and the range a real model's value lies in.
+_CONFIG_RANGES: dict[str, tuple[int, int]] = {
+    **dict.fromkeys(("num_hidden_layers", "n_layer", "num_layers", "full_attention_interval",
+                     "mtp_num_hidden_layers", "num_nextn_predict_layers"), _LAYERS),
+    **dict.fromkeys(("num_attention_heads", "n_head", "num_key_value_heads", "linear_num_key_heads",
+                     "linear_num_value_heads", "head_dim", "hidden_size", "n_embd", "linear_key_head_dim",
+                     "linear_value_head_dim", "linear_conv_kernel_dim"), (0, 2**24)),
+    "vocab_size": (0, 2**31), "max_position_embeddings": (1, 2**31)}
 
 
 @dataclass
@@ -44,72 +61,127 @@ class ModelFacts:
 
 
 def read_model(path: str) -> ModelFacts:
-    """Read `path`'s config.json and add up its weight files. Never raises."""
+    """Read `path`'s config.json and add up its weight files.
+
+    What cannot be read (a missing, non-UTF-8, non-JSON or too deeply nested file, a FIFO or a
+    device where a file belongs) is unknown and noted. Only the directory's top level is listed,
+    so a path like `/` cannot walk the disk. Raises ModelError (exit 2) for a value in a file
+    we could read that no model can have (a layer count over 10,000, a negative or infinite
+    size), naming the file and the key.
+    """
     p = Path(path).expanduser()
     facts = ModelFacts(path=str(p), is_dir=p.is_dir())
     if not facts.is_dir:
         facts.notes.append(f"{path} is not a local directory; its size and config are unknown")
         return facts
-    total = 0
-    try:
-        for f in p.rglob("*"):
-            if f.suffix in _WEIGHT_SUFFIXES and f.is_file():
-                total += f.stat().st_size
-        facts.checkpoint_bytes = total
-    except OSError as err:
-        facts.notes.append(f"cannot size the checkpoint: {err}")
+    shards = _size_weights(p, facts)
     cfg = p / "config.json"
-    try:
-        data = json.loads(cfg.read_text(encoding="utf-8"))
-        facts.config = data if isinstance(data, dict) else None
-    except FileNotFoundError:
-        facts.notes.append("no config.json in the model directory")
-    except (OSError, json.JSONDecodeError) as err:
-        facts.notes.append(f"config.json unreadable: {err}")
-    _read_weight_names(p, facts)
+    data = _read_json(cfg, facts)
+    if isinstance(data, dict):
+        _check_numbers(data, _CONFIG_RANGES, cfg)
+        if isinstance(data.get("text_config"), dict):
+            _check_numbers(data["text_config"], _CONFIG_RANGES, cfg, "text_config.")
+        facts.config = data
+    _read_weight_names(p, shards, facts)
     return facts
 
 
-def _safetensors_names(path: Path) -> list[str] | None:
-    """Tensor names from one safetensors file's JSON header (first 8 bytes: its length)."""
+def _read_json(path: Path, facts: ModelFacts) -> Any:
+    """A model file's JSON, or None with a note (missing, unreadable, not a regular file)."""
     try:
-        with open(path, "rb") as fh:
-            head = fh.read(8)
-            if len(head) != 8:
-                return None
-            (length,) = struct.unpack("<Q", head)
-            if not 0 < length <= _MAX_HEADER:
-                return None
-            header = json.loads(fh.read(length).decode("utf-8"))
-    except (OSError, ValueError):
-        return None
-    return [k for k in header if k != "__metadata__"] if isinstance(header, dict) else None
+        return safe_json.load_file(path, _MAX_JSON, finite=False)
+    except FileNotFoundError:
+        if path.name == "config.json":
+            facts.notes.append("no config.json in the model directory")
+    except OSError as err:
+        facts.notes.append(f"{path.name} unreadable: {err.strerror or err}")
+    except safe_json.BadJson as err:
+        facts.notes.append(f"{path.name} unreadable: it {err}; skipped")
+    return None
 
 
-def _read_weight_names(p: Path, facts: ModelFacts) -> None:
+def _check_numbers(data: dict[str, Any], ranges: dict[str, tuple[int, int]], file: Path,
+                   prefix: str = "") -> None:
+    """ModelError for a number under a key we read that is not a whole number in its range.
+    Other types are left alone: the readers treat them as unknown."""
+    for key, (lo, hi) in ranges.items():
+        v = data.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        if not (math.isfinite(v) and float(v).is_integer() and lo <= v <= hi):
+            raise ModelError(f"{file}: key '{prefix}{key}' must be a whole number from {lo} to {hi}, "
+                             f"not {safe_json.short(v)}")
+
+
+def _size_weights(p: Path, facts: ModelFacts) -> list[Path]:
+    """Add up the weight files at the directory's top level; return its safetensors files."""
+    total, shards = 0, []
+    try:
+        with os.scandir(p) as entries:
+            for n, entry in enumerate(entries):
+                if n >= _MAX_ENTRIES:
+                    facts.notes.append(f"more than {_MAX_ENTRIES} entries in {p}: the checkpoint size is unknown")
+                    return sorted(shards)
+                if entry.name.endswith(_WEIGHT_SUFFIXES) and entry.is_file():  # a FIFO is not a file
+                    total += entry.stat().st_size
+                    if entry.name.endswith(".safetensors"):
+                        shards.append(Path(entry.path))
+        facts.checkpoint_bytes = total
+    except OSError as err:
+        facts.notes.append(f"cannot size the checkpoint: {err}")
+    return sorted(shards)
+
+
+def _safetensors_names(path: Path, budget: list[int]) -> list[str]:
+    """Tensor names from one safetensors file's JSON header (first 8 bytes: its length).
+    `budget` is the header bytes left to read for the whole directory. Raises BadJson, OSError."""
+    fd, size = safe_json.open_regular(path)
+    try:
+        head = safe_json.read_fd(fd, 8)
+        if len(head) != 8:
+            raise safe_json.BadJson("is shorter than a safetensors header")
+        (length,) = struct.unpack("<Q", head)
+        if not 0 < length <= min(_MAX_HEADER, size - 8):
+            raise safe_json.BadJson(f"declares a {length}-byte header in a {size}-byte file")
+        if length > budget[0]:
+            raise safe_json.BadJson(f"headers add up to more than {_HEADERS_BUDGET // 2**20} MiB")
+        budget[0] -= length
+        raw = safe_json.read_fd(fd, length)
+    finally:
+        os.close(fd)
+    header = safe_json.loads(safe_json.decode(raw), finite=False)
+    if not isinstance(header, dict):
+        raise safe_json.BadJson("has a header that is not a JSON object")
+    return [k for k in header if k != "__metadata__"]
+
+
+def _read_weight_names(p: Path, shards: list[Path], facts: ModelFacts) -> None:
     """Count the weight names (and the MTP ones) from the index, else the safetensors headers."""
     index = p / INDEX_FILE
     names: list[str] | None = None
-    if index.is_file():
-        try:
-            data = json.loads(index.read_text(encoding="utf-8"))
-            names = list((data.get("weight_map") or {}).keys())
-            total = (data.get("metadata") or {}).get("total_size")
-            if isinstance(total, (int, float)) and total > 0:
-                facts.index_total_bytes = int(total)
-        except (OSError, ValueError, AttributeError) as err:
-            facts.notes.append(f"{INDEX_FILE} unreadable: {err}")
-            names = None
+    if os.path.lexists(index):
+        data = _read_json(index, facts)
+        if not isinstance(data, dict):
+            return
+        weight_map, metadata = data.get("weight_map"), data.get("metadata")
+        if isinstance(metadata, dict):
+            _check_numbers(metadata, {"total_size": (0, _MAX_BYTES)}, index, "metadata.")
+            if metadata.get("total_size"):
+                facts.index_total_bytes = int(metadata["total_size"])
+        if not isinstance(weight_map, dict):
+            facts.notes.append(f"{INDEX_FILE} unreadable: its weight_map is not an object")
+            return
+        names = list(weight_map)
     else:
         found: list[str] = []
-        files = sorted(p.glob("*.safetensors"))
-        for f in files:
-            got = _safetensors_names(f)
-            if got is None:
-                facts.notes.append(f"{f.name}: safetensors header unreadable")
+        budget = [_HEADERS_BUDGET]
+        for f in shards:
+            try:
+                found += _safetensors_names(f, budget)
+            except (OSError, safe_json.BadJson) as err:
+                facts.notes.append(f"{f.name}: safetensors header unreadable ({getattr(err, 'strerror', None) or err})")
                 return
-            found += got
-        names = found if files else None
+        names = found if shards else None
     if names is None:
         return
     facts.weight_names = len(names)
