@@ -47,6 +47,7 @@ def mutated(changes: dict[str, tuple[str, str, int]]):
 
 
 # ---- the source check, live on the installed vLLM 0.21.0 --------------------------------------
+@pytest.mark.vllm
 def test_installed_vllm_021_is_the_legacy_family_and_only_that():
     legacy = check_sources(LEGACY, installed_source)
     assert legacy.ok, legacy.problems
@@ -55,6 +56,7 @@ def test_installed_vllm_021_is_the_legacy_family_and_only_that():
     assert not modular.present and not modular.ok
 
 
+@pytest.mark.vllm
 @pytest.mark.parametrize("path,old,new,count,problem", [
     (GDN_021, '@CustomOp.register("chunk_gated_delta_rule")\n', "", 1,
      "ChunkGatedDeltaRule is not registered as CustomOp 'chunk_gated_delta_rule'"),
@@ -92,6 +94,7 @@ def test_each_relied_on_detail_is_checked(path, old, new, count, problem):
     assert any(problem in p for p in result.problems), result.problems
 
 
+@pytest.mark.vllm
 def test_a_modular_layout_is_recognised_from_what_the_module_defines():
     """0.21's module served at the 0.22+ path with the 0.22+ layer name is the modular family."""
     layer = installed_source(GDN_021).replace("class GatedDeltaNetAttention(", "class QwenGatedDeltaNetAttention(")
@@ -134,6 +137,7 @@ def test_compat_table_covers_021_to_034_and_matches_the_release_table():
     assert {f.name for f in FAMILIES} == {r[1] for r in rows}
 
 
+@pytest.mark.vllm
 def test_live_conformance_of_the_installed_vllm_matches_its_committed_row(tmp_path):
     tool = [sys.executable, str(ROOT / "tools" / "vllm_conformance.py"), "--installed"]
     r = subprocess.run(tool, capture_output=True, text=True, timeout=120, cwd=ROOT)
@@ -231,17 +235,20 @@ def precompile_cases():
     return json.loads(line[4:])
 
 
+@pytest.mark.torch
 def test_precompile_runs_our_kernel_and_checks_it_against_float64(precompile_cases):
     launches, err = precompile_cases["good"]
     assert launches == 2
     assert 0 < err <= SELF_CHECK_RTOL  # exactly 0 would mean nothing was compared
 
 
+@pytest.mark.torch
 def test_precompile_rejects_a_kernel_that_computes_wrong_numbers(precompile_cases):
     assert precompile_cases["wrong"].startswith(
         "precompile self-check against the float64 reference failed for 3 sequence(s), 132 tokens")
 
 
+@pytest.mark.torch
 def test_precompile_rejects_a_kernel_that_leaves_output_unwritten(precompile_cases):
     assert precompile_cases["unwritten"] is not None
     assert "left NaN/inf in the output" in precompile_cases["unwritten"]

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.vllm
+
 ROOT = Path(__file__).resolve().parents[1]
 FACTS = ROOT / "examples" / "2x2080ti-22g.json"
 IFACE = "legacy-gdn-linear-attn-v020"

@@ -11,7 +11,7 @@ the final state (fp16 q/k/v and fp16 intermediates, fp32 state and accumulation;
 from __future__ import annotations
 
 import pytest
-import torch
+torch = pytest.importorskip("torch")
 import torch.nn.functional as F
 
 from caovan_vllm_sm75_turbo3.errors import CaovanError
@@ -20,7 +20,8 @@ from caovan_vllm_sm75_turbo3.kernels.gdn.configs import CHUNK
 from caovan_vllm_sm75_turbo3.kernels.numerics import rel_error  # NaN/inf -> inf, fails <= BUDGET
 
 BUDGET = 5e-3
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # numpy, inside the Triton interpreter
+# DeprecationWarning: numpy, inside the Triton interpreter
+pytestmark = [pytest.mark.torch, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 
 @pytest.fixture(autouse=True)

@@ -20,9 +20,11 @@ import sys
 
 import pytest
 
-from caovan_vllm_sm75_turbo3.kernels.gdn.specs import pinned_specs
+pytest.importorskip("torch")
+from caovan_vllm_sm75_turbo3.kernels.gdn.specs import pinned_specs  # noqa: E402
 
-pytestmark = pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas (CUDA toolkit) not on PATH")
+pytestmark = [pytest.mark.torch, pytest.mark.triton_compile,
+              pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas (CUDA toolkit) not on PATH")]
 
 SHARED_LIMIT = 65536
 PLAIN = "plain:gdn_prep_k128_v128_ci"

@@ -4,6 +4,10 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
+pytestmark = pytest.mark.vllm
+
 
 def test_vllm_loader_discovers_and_calls_register_once():
     code = textwrap.dedent("""

@@ -17,6 +17,7 @@ def test_probe_without_a_driver_never_raises_and_says_why(monkeypatch):
         assert any("NVML" in n for n in f.notes)
 
 
+@pytest.mark.vllm
 def test_probe_reads_versions_from_metadata_without_importing_them():
     before = set(sys.modules)
     f = probe_mod.probe({})

@@ -176,6 +176,7 @@ def _argv(fill) -> list[str]:
     return out
 
 
+@pytest.mark.vllm
 def test_every_021_profile_is_accepted_by_vllm_021(vllm_parser):
     import vllm
     assert vllm.__version__.startswith("0.21")
@@ -197,6 +198,7 @@ def test_every_021_profile_is_accepted_by_vllm_021(vllm_parser):
     assert seen == 8  # four profiles claim 0.21, each with and without MTP weights
 
 
+@pytest.mark.vllm
 def test_conservative_defaults_are_accepted_by_vllm_021(vllm_parser):
     facts = Facts.from_dict(facts_dict(gpus=[{"index": i, "compute_capability": "7.5", "memory_total_mib": 8192}
                                              for i in range(2)]))
@@ -206,6 +208,7 @@ def test_conservative_defaults_are_accepted_by_vllm_021(vllm_parser):
     assert ns.tensor_parallel_size == 2 and ns.disable_custom_all_reduce is True
 
 
+@pytest.mark.vllm
 def test_vllm_021_rejects_what_the_validator_rejects(vllm_parser):
     bad = ProfileArg("--turbo-boost", "1", "")
     assert check_args([bad], FLAGS["releases"]["0.21"], "0.21.0")
@@ -223,6 +226,7 @@ def _extractor():
     return mod
 
 
+@pytest.mark.vllm
 def test_extractor_reproduces_the_021_table_and_matches_the_live_parser(vllm_parser):
     import pathlib
 

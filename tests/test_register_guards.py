@@ -10,7 +10,11 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from caovan_vllm_sm75_turbo3 import __version__
+
+pytestmark = pytest.mark.vllm
 
 ROOT = Path(__file__).resolve().parents[1]
 FACTS = ROOT / "examples" / "2x2080ti-22g.json"

@@ -24,6 +24,7 @@ def _has_curand() -> bool:
     return any(Path(d, "include", "curand.h").is_file() for d in dirs if d)
 
 
+@pytest.mark.vllm
 def test_probe_mode_really_builds_and_keeps_the_sampler_off_when_it_fails(tmp_path, venv_with_fake_vllm):
     if _has_curand():
         pytest.skip("this machine has curand.h: the FlashInfer sampler build may succeed here")

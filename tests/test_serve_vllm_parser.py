@@ -18,6 +18,8 @@ from caovan_vllm_sm75_turbo3.policy.vllm_args import SHORT_ALIASES, read_vllm_ar
 
 from conftest import REFERENCE
 
+pytestmark = pytest.mark.vllm
+
 ROOT = Path(__file__).resolve().parents[1]
 FACTS = ROOT / "examples" / "2x2080ti-22g.json"
 DOTTED = ["/m", "--additional-config", '{"x":1}', "--additional-config.caovan_mode", "guards",

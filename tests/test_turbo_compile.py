@@ -6,7 +6,7 @@ import pytest
 
 from turbo_isolation import in_clean_child
 
-pytestmark = in_clean_child
+pytestmark = [in_clean_child, pytest.mark.triton_compile]
 
 pytest.importorskip("triton")
 

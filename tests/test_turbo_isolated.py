@@ -11,6 +11,8 @@ import pytest
 
 from turbo_isolation import CHILD_FLAG
 
+pytestmark = [pytest.mark.triton_compile, pytest.mark.vllm]  # the test_turbo_check.py child imports vLLM
+
 TESTS = Path(__file__).resolve().parent
 MODULES = ["test_turbo_rewrite.py", "test_turbo_compile.py", "test_turbo_hook.py", "test_turbo_check.py"]
 

@@ -7,6 +7,8 @@ import os
 
 import pytest
 
+pytestmark = pytest.mark.torch
+
 pytest.importorskip("triton")
 
 from caovan_vllm_sm75_turbo3.kernels.turbo.hook import AllowlistSelector, current_hook, uninstall  # noqa: E402

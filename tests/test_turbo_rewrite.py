@@ -8,7 +8,7 @@ import pytest
 
 from turbo_isolation import in_clean_child
 
-pytestmark = in_clean_child
+pytestmark = [in_clean_child, pytest.mark.triton_compile]
 
 from caovan_vllm_sm75_turbo3.kernels.turbo.rewrite import TurboRewriteError, rewrite_ptx
 

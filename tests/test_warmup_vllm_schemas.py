@@ -14,6 +14,8 @@ from caovan_vllm_sm75_turbo3.cli.warmup import PROG, main
 
 from fake_vllm_server import MODEL, fake  # noqa: F401  (fake is a pytest fixture)
 
+pytestmark = pytest.mark.vllm
+
 chat_proto = pytest.importorskip("vllm.entrypoints.openai.chat_completion.protocol")
 completion_proto = pytest.importorskip("vllm.entrypoints.openai.completion.protocol")
 engine_proto = pytest.importorskip("vllm.entrypoints.openai.engine.protocol")
