@@ -17,7 +17,7 @@ from typing import Any
 from ..errors import CaovanError, SettingError
 from ..runtime.facts import Facts
 from ..runtime.model import ModelShape
-from .vllm_versions import minor
+from ..versions import minor, minor_key
 
 SCHEMA = 1
 # Launch fields a profile may set, with their JSON types (bool is checked before int).
@@ -33,11 +33,6 @@ _MIB_PER_GIB = 1024
 
 class ProfileTableError(CaovanError):
     """The profile table (ours or one given to the validator) is not well formed."""
-
-
-def _minor_key(mm: str) -> tuple[int, int]:
-    major, minor_ = mm.split(".")[:2]
-    return int(major), int(minor_)
 
 
 @dataclass(frozen=True)
@@ -69,12 +64,12 @@ class Match:
         hi = min(x for x in (self.host_max_gib, other.host_max_gib, float("inf")) if x is not None)
         if lo > hi:
             return False
-        return max(_minor_key(self.vllm_min), _minor_key(other.vllm_min)) <= \
-            min(_minor_key(self.vllm_max), _minor_key(other.vllm_max))
+        return max(minor_key(self.vllm_min), minor_key(other.vllm_min)) <= \
+            min(minor_key(self.vllm_max), minor_key(other.vllm_max))
 
     def releases(self) -> list[str]:
         """Every release (major.minor) the profile claims, within one major version."""
-        (major, lo), (_, hi) = _minor_key(self.vllm_min), _minor_key(self.vllm_max)
+        (major, lo), (_, hi) = minor_key(self.vllm_min), minor_key(self.vllm_max)
         return [f"{major}.{m}" for m in range(lo, hi + 1)]
 
     def describe(self) -> str:
@@ -207,7 +202,7 @@ def parse_table(data: Any, origin: str = "package data") -> ProfileTable:
         if match.family not in families:
             raise ProfileTableError(f"{where}: family {match.family!r} is not one of {sorted(families)}")
         try:
-            if _minor_key(match.vllm_min) > _minor_key(match.vllm_max):
+            if minor_key(match.vllm_min) > minor_key(match.vllm_max):
                 raise ProfileTableError(f"{where}: vllm min {match.vllm_min} is above max {match.vllm_max}")
         except ValueError:
             raise ProfileTableError(f"{where}: vllm min/max must be releases like '0.21'") from None
@@ -292,7 +287,7 @@ def matches(profile: Profile, setup: Setup) -> bool:
         return False
     if setup.host_gib < m.host_min_gib or (m.host_max_gib is not None and setup.host_gib > m.host_max_gib):
         return False
-    return _minor_key(m.vllm_min) <= _minor_key(setup.vllm) <= _minor_key(m.vllm_max)
+    return minor_key(m.vllm_min) <= minor_key(setup.vllm) <= minor_key(m.vllm_max)
 
 
 def select(table: ProfileTable, setup: Setup) -> Profile | None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from ..config import Settings
 from ..runtime.facts import Facts
+from ..versions import minor
 
 # Triton releases whose stages-hook protocol and cache key we read and tested the hook against
 # (triton/backends/nvidia/compiler.py add_stages, triton/compiler/compiler.py get_cache_key).
@@ -35,10 +36,6 @@ class TurboDecision:
         return self.install and self.line in ("auto", "on")
 
 
-def _minor(version: str) -> str:
-    return ".".join(version.split("+", 1)[0].split(".")[:2])
-
-
 def decide_turbo(facts: Facts, settings: Settings, triton_version: str | None) -> TurboDecision:
     """Decide from the facts (SM75 GPUs), `settings.turbo` (auto|on|off) and Triton's version."""
     src = settings.source("turbo")
@@ -50,7 +47,7 @@ def decide_turbo(facts: Facts, settings: Settings, triton_version: str | None) -
         return TurboDecision(False, True, "off-not-sm75", f"no SM75 GPU (sm75=0/{len(facts.gpus)})")
     if not triton_version:
         return TurboDecision(False, True, "off-no-triton", "Triton is not installed")
-    verified = _minor(triton_version) in HOOK_TRITON_VERSIONS
+    verified = minor(triton_version) in HOOK_TRITON_VERSIONS
     if settings.turbo == "on":
         if verified:
             return TurboDecision(True, False, "on", f"turbo on, set by {src}: every allowlisted kernel "

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
+
+from ..versions import minor, minor_key, parse  # noqa: F401  (callers read vv.minor / vv.parse here)
 
 REFERENCE = "0.21.0"
 SUPPORTED_MIN = "0.21.0"
@@ -56,27 +58,6 @@ FEATURES: tuple[ReleaseFeature, ...] = (
 KNOWN_GOOD_FLASHINFER: dict[str, str] = {"0.21": "0.6.8.post1"}
 
 
-def parse(version: str | None) -> Version | None:
-    """A vLLM version, or None when absent or unparseable (local suffixes kept)."""
-    if not version:
-        return None
-    try:
-        return Version(version)
-    except InvalidVersion:
-        return None
-
-
-def minor(version: str | None) -> str | None:
-    """'0.21' for '0.21.0+cu130'."""
-    v = parse(version)
-    return f"{v.major}.{v.minor}" if v else None
-
-
-def _key(mm: str) -> tuple[int, int]:
-    major, minor_ = mm.split(".")
-    return int(major), int(minor_)
-
-
 def has(feature: str, version: str | None) -> bool | None:
     """Whether vLLM `version` has `feature`; None when the version is unknown."""
     mm = minor(version)
@@ -85,8 +66,8 @@ def has(feature: str, version: str | None) -> bool | None:
     row = next((f for f in FEATURES if f.name == feature), None)
     if row is None:
         raise KeyError(f"unknown vLLM release feature {feature!r}")
-    k = _key(mm)
-    return (row.since is None or k >= _key(row.since)) and (row.until is None or k <= _key(row.until))
+    k = minor_key(mm)
+    return (row.since is None or k >= minor_key(row.since)) and (row.until is None or k <= minor_key(row.until))
 
 
 def feature(name: str) -> ReleaseFeature:
@@ -101,7 +82,7 @@ def support_status(version: str | None) -> str:
         return "unknown"
     if v < Version(SUPPORTED_MIN):
         return "too-old"
-    if _key(f"{v.major}.{v.minor}") > _key(SUPPORTED_MAX_MINOR):
+    if (v.major, v.minor) > minor_key(SUPPORTED_MAX_MINOR):
         return "too-new"
     if v.base_version == REFERENCE:
         return "reference"
