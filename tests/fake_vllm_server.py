@@ -37,7 +37,9 @@ MODEL = "Qwen3.6-27B-AWQ-INT4"
 BLOCK = 16  # prefix-cache block size in tokens
 NATURAL_STOP = 12  # tokens generated before EOS when ignore_eos is not set
 FAULTS = ("500", "engine-dies", "cut", "cut-clean", "malformed", "wrong-shape", "empty", "hang", "stream-error",
-          "reject")
+          "reject", *("drip", "slow-headers", "no-newline", "huge"))
+# Replies that never end on their own (bytes trickle in) or grow without bound; each ends after `hang_s`.
+SLOW_FAULTS = ("drip", "slow-headers", "no-newline", "huge")
 _TOKEN_RE = re.compile(r"<\|im_start\|>|<\|im_end\|>|\w+|[^\w\s]")
 
 
@@ -56,6 +58,8 @@ class FakeConfig:
     prompt_tokens_details: bool = False
     reply_delay_s: float = 0.0  # every generation takes at least this long (to see requests overlap)
     hang_s: float = 5.0
+    drip_s: float = 0.1  # seconds between the bytes of a "drip" / "slow-headers" reply
+    health_fault: str = ""  # a SLOW_FAULTS entry: GET /health answers that way
     faults: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -213,7 +217,9 @@ def _make_handler(server: FakeVllm) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             if not self._authorized():
                 return
-            if self.path == "/health":
+            if self.path == "/health" and cfg.health_fault:
+                self._slow(cfg.health_fault)
+            elif self.path == "/health":
                 self._send_empty(cfg.health_status)
             elif self.path == "/v1/models":
                 now = int(time.time())
@@ -299,6 +305,9 @@ def _make_handler(server: FakeVllm) -> type[BaseHTTPRequestHandler]:
                 return
             if fault == "hang":
                 server._released.wait(cfg.hang_s)
+            if fault in SLOW_FAULTS:
+                self._slow(fault)
+                return
             if fault in ("500", "engine-dies"):
                 if fault == "engine-dies":
                     cfg.health_status = 503
@@ -364,6 +373,30 @@ def _make_handler(server: FakeVllm) -> type[BaseHTTPRequestHandler]:
                                                "finish_reason": finish, "stop_reason": None}],
                                   "service_tier": None, "system_fingerprint": None, "usage": usage,
                                   "prompt_logprobs": None, "kv_transfer_params": None})
+
+        def _slow(self, fault: str) -> None:
+            """A reply that trickles (`drip`: body bytes, `slow-headers`: header bytes, one per `drip_s`) or
+            grows without a newline (`no-newline`: one SSE line, `huge`: a JSON body), until `hang_s`."""
+            end = time.monotonic() + cfg.hang_s
+            try:
+                if fault == "slow-headers":
+                    self.wfile.write(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+                else:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/event-stream" if fault == "no-newline" else "application/json")
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.end_headers()
+                if fault == "no-newline":
+                    self._chunk(b"data: ")
+                while time.monotonic() < end and not server._released.is_set():
+                    if fault in ("no-newline", "huge"):
+                        self._chunk(b"a" * 65536)
+                    elif not server._released.wait(cfg.drip_s):
+                        self.wfile.write(b"a") if fault == "slow-headers" else self._chunk(b" ")
+                        self.wfile.flush()
+            except OSError:  # the client gave up: what the test wants
+                pass
+            self.close_connection = True
 
         def _stream(self, body: dict[str, Any], model: str, words: list[str], usage: dict[str, Any],
                     finish: str, fault: str, thinking: bool) -> None:
