@@ -7,6 +7,8 @@ import os
 
 import pytest
 
+pytestmark = pytest.mark.torch
+
 torch = pytest.importorskip("torch")
 
 from caovan_vllm_sm75_turbo3.kernels.numerics import rel_error  # noqa: E402
