@@ -183,10 +183,10 @@ def _prep_kernel(
     b_t16 = tl.where(in_lower_blocks, tl.load(p_t, boundary_check=(0,)), 0.0).to(tl.float16)
     tl.debug_barrier()  # every thread holds T before the scratch rows are overwritten
 
-    # One loop over the column tiles of K and V together (the two chains of products interleave;
-    # 8 % faster than a loop each on the H200). Each tile's inputs are fetched one iteration
-    # ahead (a runtime loop gets no software pipelining at one stage); past the last column the
-    # fetch reads 0. With K != V the shorter side's work is skipped past its last tile.
+    # One loop over the column tiles of K and V together, so the two chains of products
+    # interleave (faster than a loop each: benchmarks/RESULTS.md). Each tile's inputs are fetched
+    # one iteration ahead (a runtime loop gets no software pipelining at one stage); past the last
+    # column the fetch reads 0. With K != V the shorter side's work is skipped past its last tile.
     e_g = tl.exp(b_gc)
     qdb = qd + b64 * (HV * K) + i_h * K
     vb = v + b64 * (HV * V) + i_h * V
@@ -283,8 +283,8 @@ def _state_kernel(
     # Every operand of a chunk is loaded at the top of its iteration: Triton stages W, Kd and Q'
     # into shared memory straight away, so their latencies overlap one another and the first
     # product, without holding registers across iterations. Fetching the next chunk's W and U
-    # into registers a step ahead was 5-10 % slower on the H200; fetching Kd too spilled at
-    # BV=32 (benchmarks/RESULTS.md).
+    # into registers a step ahead was slower, since those registers stay held across the
+    # iteration; fetching Kd too spilled at BV=32 (benchmarks/RESULTS.md).
     t_lo = c_lo * BT
     p_w = tl.make_block_ptr(wb, (seq, K), (HV * K, 1), (t_lo, 0), (BT, 64), (1, 0))
     p_q = tl.make_block_ptr(qb, (seq, K), (HV * K, 1), (t_lo, 0), (BT, 64), (1, 0))
@@ -395,7 +395,7 @@ def run_segments(plan: LaunchPlan, device: torch.device, prep: Callable[[tuple[i
     pooled stream that waits for each segment's prep and joins back at the end (so CUDA graph
     capture sees one fork and join, and the caching allocator needs no extra bookkeeping: every
     buffer is used on the side stream only before the join). Holding the preps back to a few
-    segments ahead of the state pass gained nothing on the H200. Elsewhere (the CPU
+    segments ahead of the state pass gained nothing (benchmarks/RESULTS.md). Elsewhere (the CPU
     interpreter) they run in turn.
     """
     if device.type != "cuda" or len(plan.segments) == 1:

@@ -14,10 +14,9 @@ from dataclasses import dataclass
 CHUNK = 64  # tokens per chunk (BT); the same chunking as vLLM's FLA (FLA_CHUNK_SIZE)
 HEAD_DIMS = (64, 128)  # K and V each; others are refused
 # Chunks per segment when a long prompt runs as several prep + state launches, each prep
-# overlapping the previous segment's state pass (chunk.plan_launch says when). On the H200 at
-# 32K tokens (2026-12-03, three runs): 64 chunks 1.93-1.94 ms against 2.27-2.36 unsegmented,
-# 128 about the same (1.95-2.05), 32 and 16 worse (2.0-2.26 and 4.05: the launches and stream
-# waits per segment outweigh the overlap).
+# overlapping the previous segment's state pass (chunk.plan_launch says when). 64 is the shortest
+# length whose overlap still outweighs the launches and stream waits each segment adds; longer
+# segments gained nothing (the sweep is in benchmarks/RESULTS.md).
 SEGMENT_CHUNKS = 64
 
 
@@ -39,8 +38,8 @@ class StateConfig:
 
 # (K, V) -> prep config: K and V walked in column tiles (a runtime loop, so ptxas does not
 # unroll and hoist every tile's loads at once) by 4 warps, one 16-row MMA tile each. K=128:
-# 32-wide tiles, 13 % faster than 16-wide on the H200 (benchmarks/RESULTS.md); 8 warps were
-# twice as slow and spilled. K=64: 16-wide, since 32-wide spills with the in-kernel L2 norm.
+# 32-wide tiles, which beat 16-wide; 8 warps were slower and spilled (benchmarks/RESULTS.md).
+# K=64: 16-wide, since 32-wide spills with the in-kernel L2 norm.
 PREP: dict[tuple[int, int], PrepConfig] = {
     (64, 64): PrepConfig(block_k=16, num_warps=4),
     (64, 128): PrepConfig(block_k=16, num_warps=4),
@@ -48,10 +47,10 @@ PREP: dict[tuple[int, int], PrepConfig] = {
     (128, 128): PrepConfig(block_k=32, num_warps=4),
 }
 
-# (K, V) -> state config: 32-wide value slices by 4 warps, for every batch shape. On the H200
-# (2026-12-03) it beat 16-wide/4 warps and 32-wide/8 warps (the previous "few" and "many"
-# configs) for one 4K or 32K prompt, 8 packed and 32 packed sequences, also with occupancy capped
-# to what Turing's 64 KiB of shared memory per SM allows (one program per SM): benchmarks/RESULTS.md.
+# (K, V) -> state config: 32-wide value slices by 4 warps, for every batch shape. It beat
+# 16-wide/4 warps and 32-wide/8 warps for long single prompts and packed batches alike, also
+# with occupancy capped to what Turing's 64 KiB of shared memory per SM allows (one program per
+# SM), so one config serves every batch (benchmarks/RESULTS.md).
 STATE: dict[tuple[int, int], StateConfig] = {
     (64, 64): StateConfig(block_v=32, num_warps=4),
     (64, 128): StateConfig(block_v=32, num_warps=4),
