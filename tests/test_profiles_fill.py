@@ -182,3 +182,15 @@ def test_capture_sizes_and_tp_rules():
     odd = model_shape({"num_hidden_layers": 2, "num_attention_heads": 6, "num_key_value_heads": 3,
                        "hidden_size": 384})
     assert conservative_tp(4, odd) == 1  # 6 query / 3 KV heads do not split over 2
+
+
+def test_reasons_name_the_profile_and_its_source_holds_the_field_numbers():
+    r = fill(Facts.load(EXAMPLES / "2x2080ti-22g.json"))
+    reasons = {a.flag: a.reason for a in r.args}
+    for flag in ("--speculative-config", "--disable-custom-all-reduce"):
+        assert f"profile {r.profile}" in reasons[flag], flag
+        assert "tok/s" not in reasons[flag] and "%" not in reasons[flag] and "2 x 2080" not in reasons[flag], flag
+    for profile in TABLE.profiles:
+        assert "about 100 tok/s" in profile.source.detail and "45" in profile.source.detail, profile.name
+        assert "2 and 4" in profile.source.detail and "2-3 %" in profile.source.detail, profile.name
+    assert "2-3 %" in TABLE.conservative.source.detail

@@ -97,8 +97,8 @@ def sampler_guard(facts: Facts, settings: Settings, env: Mapping[str, str],
     return GuardResult((decide(env, SAMPLER_VAR, "0", reason, releases, switch),),
                        status="disabled-probe-failed",
                        warnings=(f"FlashInfer sampler test build failed: {probe.reason}; the sampler stays "
-                                 "off (about 15-20 % slower decode). Fix the CUDA toolkit (CUDA_HOME) "
-                                 "and start again to re-test.",))
+                                 "off (slower decode: docs/design.md 'Known-good launch parameters'). "
+                                 "Fix the CUDA toolkit (CUDA_HOME) and start again to re-test.",))
 
 
 def timeout_guard(facts: Facts, settings: Settings, env: Mapping[str, str]) -> GuardResult:

@@ -182,7 +182,7 @@ def fill_launch(facts: Facts, model: ModelFacts | None, profile_setting: str, ar
     profile = _choose_profile(f, table, setup, profile_setting)
     launch = profile.launch
     if shape is None or model is None:
-        _fill_without_shape(f, launch)
+        _fill_without_shape(f, launch, profile.name)
         return LaunchFill(profile.name, tuple(f.args), tuple(f.lines), tuple(f.warnings), None, setup)
     f.lines.append(_model_line(shape, model, setup.family))
     tp = _fill_tensor_parallel(f, launch, facts.sm75_count, shape)
@@ -190,7 +190,7 @@ def fill_launch(facts: Facts, model: ModelFacts | None, profile_setting: str, ar
     _check_user_dtype(f)
     kv = _fill_kv_cache_dtype(f, launch, version)
     _fill_attention_backend(f, launch, version)
-    draft = _fill_speculative(f, launch, shape, model, table.families.get(setup.family or ""))
+    draft = _fill_speculative(f, profile, shape, model, table.families.get(setup.family or ""))
     util = _fill_gpu_memory_utilization(f, launch, profile.name)
     inputs = None if setup.gpu_memory_mib is None else MemoryInputs(
         gpu_memory_mib=setup.gpu_memory_mib, tensor_parallel=tp, gpu_memory_utilization=util,
@@ -200,7 +200,7 @@ def fill_launch(facts: Facts, model: ModelFacts | None, profile_setting: str, ar
     _fill_batched_tokens(f, launch, profile.name)
     _fill_prefix_caching(f, launch, shape, version)
     _fill_cuda_graphs(f, launch, shape, draft, seqs)
-    _fill_all_reduce(f, launch, tp)
+    _fill_all_reduce(f, launch, tp, profile.name)
     _fill_extra_args(f, launch, profile.name)
     return LaunchFill(profile.name, tuple(f.args), tuple(f.lines), tuple(f.warnings), memory, setup)
 
@@ -224,12 +224,12 @@ def _choose_profile(f: _Filler, table: ProfileTable, setup: Setup, setting: str)
     return profile
 
 
-def _fill_without_shape(f: _Filler, launch: dict[str, Any]) -> None:
+def _fill_without_shape(f: _Filler, launch: dict[str, Any], profile: str) -> None:
     """Without the model's shape only the hardware rules apply: heads, memory, MTP are unknown."""
     f.warnings.append("the model's config.json could not be read (pass a local model directory): "
                       "only --dtype and the all-reduce rule are filled")
     _fill_dtype(f, launch)
-    _fill_all_reduce(f, launch, _int_value(f.user_value("--tensor-parallel-size")) or 1)
+    _fill_all_reduce(f, launch, _int_value(f.user_value("--tensor-parallel-size")) or 1, profile)
 
 
 def _fill_tensor_parallel(f: _Filler, launch: dict[str, Any], gpus: int, shape: ModelShape) -> int:
@@ -295,7 +295,7 @@ def _fill_attention_backend(f: _Filler, launch: dict[str, Any], version: str | N
                if backend == "FLASHINFER" else "the profile's attention backend")
 
 
-def _fill_speculative(f: _Filler, launch: dict[str, Any], shape: ModelShape, model: ModelFacts,
+def _fill_speculative(f: _Filler, profile: Profile, shape: ModelShape, model: ModelFacts,
                       family: Family | None) -> int:
     """Speculative decoding: MTP only with MTP weights in the checkpoint. Returns the draft tokens."""
     draft = _user_speculative(f)
@@ -305,7 +305,7 @@ def _fill_speculative(f: _Filler, launch: dict[str, Any], shape: ModelShape, mod
     if draft is not None:
         f.lines.append(f"kept: --speculative-config as given ({draft} draft tokens)")
         return draft
-    want = launch.get("speculative_tokens", 0)
+    want = profile.launch.get("speculative_tokens", 0)
     if not want:
         return 0
     method = family.speculative_method if family else None
@@ -317,8 +317,8 @@ def _fill_speculative(f: _Filler, launch: dict[str, Any], shape: ModelShape, mod
         f.lines.append(f"speculative: none: no MTP method known for {shape.architecture}")
         return 0
     f.fill("--speculative-config", {"method": method, "num_speculative_tokens": want},
-           f"the checkpoint has {model.mtp_weights} MTP weights; {want} draft tokens were fastest on "
-           "2 x 2080 Ti (about 100 tok/s decode against 45 without; 2 and 4 were slower)")
+           f"the checkpoint has {model.mtp_weights} MTP weights; {want} draft tokens were the fastest count "
+           f"(profile {profile.name}: speeds in its source)")
     return want
 
 
@@ -400,11 +400,11 @@ def _fill_cuda_graphs(f: _Filler, launch: dict[str, Any], shape: ModelShape, dra
            f"{seqs} sequence(s) x (1 + {draft}) tokens")
 
 
-def _fill_all_reduce(f: _Filler, launch: dict[str, Any], tp: int) -> None:
+def _fill_all_reduce(f: _Filler, launch: dict[str, Any], tp: int, profile: str) -> None:
     """`--disable-custom-all-reduce` with tensor parallel > 1, unless the profile keeps it."""
     if tp > 1 and not launch.get("custom_all_reduce", False):
-        f.fill("--disable-custom-all-reduce", None, f"TP {tp} over PCIe: vLLM's custom all-reduce cost 2-3 % "
-               "decode on 2 x 2080 Ti")
+        f.fill("--disable-custom-all-reduce", None, f"TP {tp} over PCIe: vLLM's custom all-reduce slows decode "
+               f"(profile {profile}: the cost in its source)")
 
 
 def _fill_extra_args(f: _Filler, launch: dict[str, Any], profile: str) -> None:
