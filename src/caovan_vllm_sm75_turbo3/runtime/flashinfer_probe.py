@@ -1,28 +1,31 @@
 """Test-build FlashInfer's sampling module in a child process, with a time limit.
 
 The build runs with the environment vLLM will get (so into the isolated FlashInfer
-workspace, for the guarded architectures) and in its own process group, so a timeout
-kills nvcc and ninja too. The launcher never imports flashinfer or torch itself.
+workspace, for the guarded architectures) and in its own process group, so a timeout,
+Ctrl-C or SIGTERM of the launcher kills nvcc and ninja too. The launcher never imports flashinfer or torch itself.
 The result is stored beside the environment key's caches (one file per key) with a
 fingerprint of the CUDA toolkit it used; a changed toolkit means a new test build.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 RESULT_FILE = "flashinfer_sampler_probe.json"
 _TAIL_CHARS = 4000
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 # Lines that name the cause of a failed nvcc/ninja build, most telling first.
 _CAUSE_MARKERS = ("fatal error", "error:", "No such file", "not found", "FAILED", "Error")
 
@@ -84,30 +87,91 @@ def _cause(output: str) -> str:
     return lines[-1][:300] if lines else "no output"
 
 
+class _Terminated(BaseException):
+    """SIGTERM arrived during the test build (BaseException: no `except Exception` swallows it)."""
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A preexec_fn that asks Linux to SIGKILL the child when the launcher dies (even by SIGKILL);
+    None where prctl is unavailable. libc is loaded here, before the fork."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the launcher died before prctl took effect
+            os._exit(1)
+    return preexec
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise _Terminated()
+
+
 def run_probe(env: Mapping[str, str], timeout_s: int, fingerprint: str,
               python: str = sys.executable) -> SamplerProbe:
-    """Build FlashInfer's sampling module in a child process with `env`; never raises."""
+    """Build FlashInfer's sampling module in a child process with `env`; never raises, except
+    that Ctrl-C (KeyboardInterrupt) and SIGTERM end the build first and then go on as usual.
+
+    The child runs in its own process group, so a timeout, Ctrl-C or SIGTERM of the launcher
+    kills nvcc and ninja too; and it dies with the launcher even when that is SIGKILLed.
+    """
     start = time.monotonic()
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
 
     def result(ok: bool, reason: str) -> SamplerProbe:
         return SamplerProbe(ok, reason, round(time.monotonic() - start, 1), fingerprint, now)
 
+    # SIGTERM's default action would end us without a chance to kill the build: raise instead
+    # (only from the main thread, where Python delivers signals; an ignored SIGTERM stays ignored).
+    old_term = None
+    if threading.current_thread() is threading.main_thread():
+        old_term = signal.getsignal(signal.SIGTERM)
+        if old_term is signal.SIG_IGN:
+            old_term = None
+        else:
+            signal.signal(signal.SIGTERM, _raise_terminated)
     try:
-        proc = subprocess.Popen([python, "-m", __name__], env=dict(env), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
-                                start_new_session=True)
-    except OSError as err:
-        return result(False, f"cannot start {python}: {err.strerror or err}")
-    try:
-        out, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        return result(False, f"no result within {timeout_s} s (CAOVAN_PROBE_TIMEOUT_S)")
+        try:
+            proc = subprocess.Popen([python, "-m", __name__], env=dict(env), stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+                                    process_group=0, preexec_fn=_die_with_parent())
+        except OSError as err:
+            return result(False, f"cannot start {python}: {err.strerror or err}")
+        try:
+            out, _ = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            return result(False, f"no result within {timeout_s} s (CAOVAN_PROBE_TIMEOUT_S)")
+        except BaseException:  # Ctrl-C, SIGTERM: the build must not outlive us
+            _kill_group(proc)
+            raise
+    except _Terminated:
+        signal.signal(signal.SIGTERM, old_term)
+        old_term = None
+        signal.raise_signal(signal.SIGTERM)  # as if it arrived now: the old handler (or death) decides
+        raise KeyboardInterrupt from None  # the handler returned: still no result to keep
+    finally:
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
     if proc.returncode == 0 and "CAOVAN-PROBE-OK" in out:
         return result(True, "sampling module built")
     return result(False, _cause(out[-_TAIL_CHARS:]))
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    """SIGKILL the child's whole process group (the build's compilers too) and reap the child."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.kill()  # no-op when already dead; covers a group that was already gone
+    proc.communicate()
 
 
 def _child() -> int:
