@@ -304,3 +304,15 @@ def test_an_unexpected_error_while_deciding_falls_back_instead_of_breaking_model
     assert len(failed) == 1 and failed[0].startswith(
         "Caovan SM75 Turbo3 dispatch failed on interface legacy-gdn-linear-attn-v020: deciding raised ")
     assert d.state is not None and d.state.status == UPSTREAM
+
+
+def test_the_kernel_runs_on_sm75_to_sm89_but_the_dispatch_takes_over_on_sm75_only():
+    from caovan_vllm_sm75_turbo3.kernels.gdn_capability import dispatch_target, kernel_runs_on
+    from caovan_vllm_sm75_turbo3.runtime.facts import GpuFact
+
+    for cc, runs, ours in (((7, 0), False, False), ((7, 5), True, True), ((8, 0), True, False),
+                           ((8, 6), True, False), ((8, 9), True, False), ((9, 0), False, False),
+                           ((12, 0), False, False)):
+        assert (kernel_runs_on(cc), dispatch_target(cc)) == (runs, ours), cc
+        assert GpuFact(index=0, compute_capability=f"{cc[0]}.{cc[1]}").is_sm75 is ours, cc
+        assert not dispatch_target(cc) or kernel_runs_on(cc)  # we never dispatch where it cannot run

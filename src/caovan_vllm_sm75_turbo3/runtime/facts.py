@@ -13,6 +13,7 @@ from typing import Any
 
 from .. import safe_json
 from ..errors import FactsError
+from ..kernels.gdn_capability import DISPATCH_CAPABILITY
 
 FACTS_SCHEMA = 1
 
@@ -37,7 +38,8 @@ class GpuFact:
 
     @property
     def is_sm75(self) -> bool:
-        return self.compute_capability == "7.5"
+        """A Turing GPU: the product's target, and where the dispatch runs our GDN kernel."""
+        return self.compute_capability == "{}.{}".format(*DISPATCH_CAPABILITY)
 
     @property
     def sm(self) -> int | None:

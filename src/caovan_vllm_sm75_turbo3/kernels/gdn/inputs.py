@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from ...errors import CaovanError
+from ..gdn_capability import KERNEL_CAPABILITIES, kernel_runs_on
 from .configs import HEAD_DIMS
 
 
@@ -85,17 +86,15 @@ def check_inputs(
     return GDNShapes(B, T, H, HV, K, V, N)
 
 
-SUPPORTED_CAPABILITIES = ((7, 5), (8, 9))  # inclusive range
-
-
 def check_capability(capability: tuple[int, int]) -> None:
     """Raise GDNInputError for a GPU this kernel is not verified on (outside sm_75 .. sm_89).
 
     On sm_90 and newer Triton 3.6 builds the state pass with wgmma, and its results were wrong
     when measured on an H200 (benchmarks/RESULTS.md); below sm_75 there are no fp16 mma.sync.
+    The range is `gdn_capability.KERNEL_CAPABILITIES`; the dispatch's narrower rule is beside it.
     """
-    low, high = SUPPORTED_CAPABILITIES
-    if not low <= tuple(capability) <= high:
+    low, high = KERNEL_CAPABILITIES
+    if not kernel_runs_on(capability):
         raise GDNInputError(
             f"this GDN kernel runs on GPUs of compute capability {low[0]}.{low[1]} to {high[0]}.{high[1]}; "
             f"this one is {capability[0]}.{capability[1]}"

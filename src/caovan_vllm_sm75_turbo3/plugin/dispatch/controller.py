@@ -27,6 +27,7 @@ from typing import Any
 
 from ...config import Settings, load_settings
 from ...errors import CaovanError
+from ...kernels.gdn_capability import dispatch_target
 from ...policy.accel import gdn_state
 from ...runtime.facts import Facts
 from ...runtime.probe import load_facts
@@ -205,7 +206,7 @@ class Dispatch:
             if torch.cuda.is_available():
                 device = torch.device("cuda", torch.cuda.current_device())
                 cc = torch.cuda.get_device_capability(device)
-                if cc != (7, 5):
+                if not dispatch_target(cc):  # the kernel runs up to sm_89, but we take over on SM75 only
                     self.say(DispatchState(UPSTREAM, name, replacement.upstream_kernel(op),
                                            f"this process's GPU is sm_{cc[0]}{cc[1]}, not sm_75"))
                     return None
