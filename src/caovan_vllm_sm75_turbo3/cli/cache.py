@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -18,7 +17,7 @@ from ..caches.layout import ENVS, cache_root
 from ..config import load_settings
 from ..errors import CaovanError
 from ..runtime.probe import load_facts
-from .common import run_cli
+from .common import print_json, run_cli
 
 PROG = "caovan-sm75-cache"
 
@@ -155,14 +154,14 @@ def _clean(args: argparse.Namespace, inv: Inventory, env: Mapping[str, str]) -> 
     outcome = execute(chosen, env, protect=protect, force=args.force) if chosen else Outcome()
     code = 2 if plan.refused else (1 if (not outcome.ok or plan.busy or declined) else 0)
     if args.json:
-        print(json.dumps({
+        print_json({
             "dry_run": args.dry_run, "all": args.everything, "current_key": inv.current.name,
             "root": str(inv.root),
             "planned": [dict(t.entry.to_dict(), group=t.group) for t in plan.targets],
             "skipped": [{"path": str(e.path), "reason": r} for e, r in plan.skipped],
             "in_use": [{"path": str(e.path), "reason": r} for e, r in plan.busy],
             "refused": [{"path": str(p), "reason": r} for p, r in plan.refused],
-            "declined": declined, "outcome": outcome.to_dict(), "exit_code": code}, indent=2))
+            "declined": declined, "outcome": outcome.to_dict(), "exit_code": code})
     elif not args.dry_run:
         _print_outcome(outcome, declined)
     return code
@@ -215,7 +214,7 @@ def main(argv: Sequence[str]) -> int:
     if args.command == "clean":
         return _clean(args, inv, env)
     if args.json:
-        print(json.dumps(dict(inv.to_dict(), plugin_version=__version__), indent=2))
+        print_json(dict(inv.to_dict(), plugin_version=__version__))
     else:
         _print_list(inv)
     return 0

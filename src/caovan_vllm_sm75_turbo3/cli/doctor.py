@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Sequence
@@ -14,9 +13,9 @@ from ..errors import CaovanError
 from ..policy.banner import header
 from ..policy.checks import CheckResult, Status, rollup, run_checks, sm75_line
 from ..runtime.facts import Facts
-from ..runtime.model import read_model
+from ..runtime.model import ModelFacts, read_model
 from ..runtime.probe import load_facts
-from .common import run_cli
+from .common import json_text, print_json, run_cli
 
 PROG = "caovan-sm75-doctor"
 
@@ -48,29 +47,35 @@ def settings_rows(settings: Settings) -> list[dict[str, object]]:
             for s in specs()]
 
 
-def report(facts: Facts, results: list[CheckResult], settings: Settings, with_settings: bool) -> dict:
-    """The doctor's JSON report."""
+def report(facts: Facts, results: list[CheckResult], settings: Settings, with_settings: bool,
+           model: ModelFacts | None = None) -> dict:
+    """The doctor's JSON report (`model_notes`: what `--model` could not read)."""
     status = rollup(results)
     out: dict[str, object] = {
         "plugin_version": __version__, "runtime": status.value, "sm75": sm75_line(facts),
         "exit_code": status.exit_code, "checks": [r.to_dict() for r in results],
         "warnings": list(settings.warnings), "facts": facts.to_dict()}
+    if model is not None:
+        out["model_notes"] = list(model.notes)
     if with_settings:
         out["settings"] = settings_rows(settings)
     return out
 
 
-def print_text(facts: Facts, results: list[CheckResult], settings: Settings, with_settings: bool) -> None:
+def print_text(facts: Facts, results: list[CheckResult], settings: Settings, with_settings: bool,
+               model: ModelFacts | None = None) -> None:
+    """The human report. Every string that may come from a file (GPU and model names, notes) is
+    printed literally: markup is used only in our own constant text."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 110)
     status = rollup(results)
-    console.print(header())
-    console.print(f"runtime={status.value}")
-    console.print(f"sm75={sm75_line(facts)}")
+    for line in (header(), f"runtime={status.value}", f"sm75={sm75_line(facts)}"):
+        console.print(line, markup=False)
     if facts.source != "probe":
-        console.print(f"facts={facts.source}")
+        console.print(f"facts={facts.source}", markup=False)
     if not facts.gpus:
         console.print("[bold]No NVIDIA GPU is visible on this machine: it cannot serve with vLLM here.[/bold]")
     colour = {Status.PASS: "green", Status.WARN: "yellow", Status.FAIL: "red"}
@@ -78,21 +83,21 @@ def print_text(facts: Facts, results: list[CheckResult], settings: Settings, wit
     for col in ("check", "status", "detail", "remedy"):
         table.add_column(col, overflow="fold")
     for r in results:
-        table.add_row(r.name, f"[{colour[r.status]}]{r.status.value}[/]", r.detail, r.remedy)
+        table.add_row(escape(r.name), f"[{colour[r.status]}]{r.status.value}[/]", escape(r.detail), escape(r.remedy))
     console.print(table)
     v = facts.versions
     console.print(f"python {v.python or '-'}  torch {v.torch or '-'}  triton {v.triton or '-'}  "
-                  f"vllm {v.vllm or '-'}  flashinfer {v.flashinfer or '-'}  driver {v.driver or '-'}")
-    for note in facts.notes:
-        console.print(f"note: {note}")
+                  f"vllm {v.vllm or '-'}  flashinfer {v.flashinfer or '-'}  driver {v.driver or '-'}", markup=False)
+    for note in [*facts.notes, *(f"model: {n}" for n in (model.notes if model else []))]:
+        console.print(f"note: {note}", markup=False)
     for w in settings.warnings:
-        console.print(f"warning: {w}")
+        console.print(f"warning: {w}", markup=False)
     if with_settings:
         st = Table(title="settings")
         for col in ("variable", "value", "source"):
             st.add_column(col)
         for row in settings_rows(settings):
-            st.add_row(str(row["variable"]), str(row["value"]), str(row["source"]))
+            st.add_row(*(escape(str(row[k])) for k in ("variable", "value", "source")))
         console.print(st)
 
 
@@ -105,9 +110,9 @@ def main(argv: Sequence[str]) -> int:
     model = read_model(args.model) if args.model else None
     results = run_checks(facts, model)
     if args.json:
-        print(json.dumps(report(facts, results, settings, args.settings), indent=2))
+        print_json(report(facts, results, settings, args.settings, model))
     else:
-        print_text(facts, results, settings, args.settings)
+        print_text(facts, results, settings, args.settings, model)
     return rollup(results).exit_code
 
 
@@ -119,7 +124,7 @@ def triage_log(args: argparse.Namespace) -> int:
     if args.facts or args.model or args.settings:
         raise CaovanError("--log reads a log only: drop --facts, --model and --settings")
     result = triage_path(args.log)
-    print(json.dumps(result.to_dict(), indent=2) if args.json else render_text(result))
+    print(json_text(result.to_dict()) if args.json else render_text(result))
     return result.exit_code
 
 

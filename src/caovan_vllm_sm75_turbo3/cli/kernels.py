@@ -8,11 +8,10 @@ ops), compiled at the check shapes of the allowlist for `GPUTarget("cuda", 75, 3
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Sequence
 
 from .. import __version__
-from .common import run_cli
+from .common import print_json, run_cli
 
 PROG = "caovan-sm75-kernels"
 
@@ -79,7 +78,7 @@ def main(argv: Sequence[str]) -> int:
         notes += [{"name": f"{e.name} ({spec})", "reason": "pinned config not on the allowlist: builds plain"}
                   for spec in unlisted_specs(kernel)]
     if args.json:
-        print(json.dumps([r.to_dict() for r in rows], indent=1))
+        print_json([r.to_dict() for r in rows], indent=1)
     else:
         print_table(rows, notes + (list(allow.rejected) if not args.kernel else []))
     return 0 if all(r.ok for r in rows) else 1

@@ -10,7 +10,6 @@ float64 reference and vLLM's own kernel. Exit 0 all PASS, 1 a FAIL, 2 no SM75 GP
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import time
@@ -19,7 +18,7 @@ from typing import Any
 
 from .. import __version__
 from ..errors import CaovanError
-from .common import run_cli
+from .common import print_json, run_cli
 
 PROG = "caovan-sm75-verify"
 ERROR_RATIO_MAX = 2.0
@@ -104,8 +103,8 @@ def main(argv: Sequence[str]) -> int:
     gdn = verify_prefill(device=device)
     ok = all(r["ok"] for r in rows) and all(g.status != FAIL for g in gdn)
     if args.json:
-        print(json.dumps({"card": torch.cuda.get_device_name(device), "ok": ok, "rows": rows,
-                          "gdn_prefill": [g.to_dict() for g in gdn]}, indent=1))
+        print_json({"card": torch.cuda.get_device_name(device), "ok": ok, "rows": rows,
+                    "gdn_prefill": [g.to_dict() for g in gdn]}, indent=1)
     else:
         print(f"{torch.cuda.get_device_name(device)}: {len(rows)} checks in {time.time() - start:.0f} s")
         for name in dict.fromkeys(r["kernel"] for r in rows):
