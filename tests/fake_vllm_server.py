@@ -112,6 +112,7 @@ class FakeVllm:
         self._released = threading.Event()  # set at stop: hanging handlers give up
         self._cache: set[tuple[int, ...]] = set()
         self._serving = False
+        self._state = threading.Lock()  # start and stop may race: a server stopped early never listens
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self), bind_and_activate=False)
         self._httpd.daemon_threads = True
         self._httpd.allow_reuse_address = True
@@ -125,8 +126,11 @@ class FakeVllm:
         def run() -> None:
             if self._released.wait(self.config.listen_after_s):
                 return
-            self._httpd.server_activate()
-            self._serving = True
+            with self._state:
+                if self._released.is_set():
+                    return
+                self._httpd.server_activate()
+                self._serving = True
             self._httpd.serve_forever(poll_interval=0.05)
         self._thread = threading.Thread(target=run, daemon=True)
         self._thread.start()
@@ -135,7 +139,9 @@ class FakeVllm:
     def stop(self) -> None:
         """Stop serving and release hanging handlers."""
         self._released.set()
-        if self._serving:
+        with self._state:
+            serving = self._serving
+        if serving:
             self._httpd.shutdown()
         self._httpd.server_close()
         if self._thread:

@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from caovan_vllm_sm75_turbo3.errors import SettingError
-from caovan_vllm_sm75_turbo3.warmup.client import (Rejected, Reply, ServerClient, StepError, add_stream_chunk,
+from caovan_vllm_sm75_turbo3.warmup.client import (Refused, Rejected, Reply, ServerClient, StepError, add_stream_chunk,
                                                    error_message, is_loopback, normalize_api_base, parse_chat)
 from caovan_vllm_sm75_turbo3.warmup.readiness import EXIT_BAD_INPUT, EXIT_NOT_READY, NotReady, wait_until_ready
 
@@ -146,8 +146,8 @@ def test_waits_through_refused_connections_until_the_port_listens(fake):
     srv = fake(listen_after_s=0.6)
     seen = []
     with ServerClient(srv.url) as client:
-        with pytest.raises(httpx.ConnectError):  # really refused at first, as vLLM while its engine loads
-            client.get("/health", 1)
+        with pytest.raises(Refused, match=f"nothing listens on 127.0.0.1:{srv.port}"):  # really refused at
+            client.get("/health", 1)  # first, as vLLM while its engine loads
         ready = wait_until_ready(client, None, wait_s=5, poll_s=0.05, on_wait=lambda what, t: seen.append(what))
     assert ready.model == MODEL and ready.max_model_len == 32768
     assert 0.5 <= ready.waited_s < 3

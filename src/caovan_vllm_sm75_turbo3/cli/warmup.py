@@ -4,34 +4,38 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
-from collections.abc import Mapping, Sequence
-from typing import IO, Any
+from collections.abc import Sequence
+from typing import IO, Any, NoReturn
 
 from .. import __version__
-from ..warmup.client import normalize_api_base
-from ..warmup.ladder import LadderConfig, Step, build_ladder, check_timeout_patterns, parse_timeout, warm_pass
+from ..warmup.client import api_key_from, normalize_api_base
+from ..warmup.ladder import (MAX_SECONDS, LadderConfig, Step, build_ladder, check_timeout_patterns, parse_timeout,
+                             warm_pass)
 from ..warmup.report import FAILED, OK, SKIPPED, ServerReport, StepResult
 from ..warmup.runner import WarmupOptions, warm_fleet
 from .common import run_cli
 
 PROG = "caovan-sm75-warmup"
 DEFAULT_API_BASE = "http://127.0.0.1:8000"
-# The server's own key variable first: OPENAI_API_KEY may belong to another service.
-API_KEY_VARS = ("VLLM_API_KEY", "OPENAI_API_KEY")
 HEARTBEAT_S = 30.0
+# Token counts and batch sizes past these are typos (vLLM's own limits are far below); they also keep
+# prompt building (one word per token) and the thread pool of a concurrency step bounded.
+MAX_TOKENS = 1 << 24
+MAX_SEQS = 1024
 
 
-def _whole(minimum: int):
+def _whole(minimum: int, maximum: int):
     def parse(raw: str) -> int:
         try:
             value = int(raw)
         except ValueError:
             value = minimum - 1
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{raw!r} is not accepted: a whole number >= {minimum}")
+        if not minimum <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"{raw!r} is not accepted: a whole number >= {minimum} and <= {maximum}")
         return value
     return parse
 
@@ -41,13 +45,21 @@ def _seconds(raw: str) -> float:
         value = float(raw)
     except ValueError:
         value = -1.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{raw!r} is not accepted: a number of seconds > 0")
+    if not (math.isfinite(value) and 0 < value <= MAX_SECONDS):
+        raise argparse.ArgumentTypeError(f"{raw!r} is not accepted: a number of seconds > 0 and <= {MAX_SECONDS}")
     return value
 
 
+class _Parser(argparse.ArgumentParser):
+    """Refusals are one line (`prog: error: ...`, exit 2), without the usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {' '.join(message.split())} (see --help)", file=sys.stderr)
+        sys.exit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog=PROG,
         description="Wait until a vLLM server is up (port open, GET /health 200, model listed), then send a "
                     "ladder of requests one at a time so that all first-request JIT (Triton, torch.compile, "
@@ -61,12 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", metavar="NAME", help="served model name; omitted: the only model the server lists")
     p.add_argument("--api-key", metavar="KEY",
                    help="bearer key the server was started with (default: $VLLM_API_KEY, then $OPENAI_API_KEY)")
-    p.add_argument("--max-num-batched-tokens", type=_whole(16), default=8192, metavar="N",
+    p.add_argument("--max-num-batched-tokens", type=_whole(16, MAX_TOKENS), default=8192, metavar="N",
                    help="the server's --max-num-batched-tokens: prefill prompts go up to and past it "
                         "(default: %(default)s)")
-    p.add_argument("--max-num-seqs", type=_whole(1), default=2, metavar="N",
+    p.add_argument("--max-num-seqs", type=_whole(1, MAX_SEQS), default=2, metavar="N",
                    help="the server's --max-num-seqs: concurrency goes from 1 up to it (default: %(default)s)")
-    p.add_argument("--decode-tokens", type=_whole(1), default=256, metavar="N",
+    p.add_argument("--decode-tokens", type=_whole(1, MAX_TOKENS), default=256, metavar="N",
                    help="tokens of the long decode step (MTP draft/verify) (default: %(default)s)")
     p.add_argument("--wait", type=_seconds, default=1800.0, metavar="SECONDS",
                    help="how long to wait for the server to become ready (default: %(default)g)")
@@ -84,16 +96,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the report as one JSON object on stdout (progress and the status line go to stderr)")
     p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     return p
-
-
-def api_key_from(flag: str | None, env: Mapping[str, str]) -> tuple[str | None, str]:
-    """The API key and where it came from (the key itself is never printed)."""
-    if flag:
-        return flag, "flag --api-key"
-    for var in API_KEY_VARS:
-        if env.get(var):
-            return env[var], f"env {var}"
-    return None, "none"
 
 
 class PlainProgress:
@@ -248,7 +250,7 @@ def main(argv: Sequence[str]) -> int:
     report.settings.update(api_key=key_source, elapsed_s=round(time.monotonic() - started, 3))
     line = report.status_line()
     if args.json:
-        print(json.dumps(report.to_dict(), indent=2))
+        print(strict_json(report.to_dict()))
         print(line, file=err, flush=True)
     else:
         for server in report.servers:
@@ -257,6 +259,21 @@ def main(argv: Sequence[str]) -> int:
             print(f"not attempted (an earlier server failed): {api_base}")
         print(line, flush=True)  # plain print: the exact text users grep for
     return report.exit_code
+
+
+def strict_json(obj: Any) -> str:
+    """`obj` as indented, strict JSON: a non-finite float (NaN, Infinity) is written as null."""
+    return json.dumps(_finite(obj), indent=2, allow_nan=False)
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
 
 
 def entry() -> int:

@@ -11,6 +11,7 @@ cache hit, the tool and reasoning parsers, and the batch shapes / CUDA-graph siz
 from __future__ import annotations
 
 import fnmatch
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -21,6 +22,8 @@ PREFILL_OUTPUT_TOKENS = 4
 SMALLEST_PREFILL = 128
 # Chat template and question overhead kept free below max_model_len when a prompt is capped.
 CONTEXT_MARGIN = 64
+# The longest time limit accepted anywhere (a week): more is a typo, and inf / 1e300 overflow the clocks.
+MAX_SECONDS = 7 * 24 * 3600
 
 
 @dataclass(frozen=True)
@@ -151,9 +154,9 @@ def parse_timeout(spec: str) -> tuple[str, float]:
         seconds = float(raw)
     except ValueError:
         seconds = -1.0
-    if not sep or not pattern.strip() or not seconds > 0:
-        raise SettingError(f"--timeout {spec!r} is not accepted: use STEP=SECONDS with SECONDS > 0, "
-                           "for example prefill-*=1200 or chat-tiny=600.")
+    if not sep or not pattern.strip() or not (math.isfinite(seconds) and 0 < seconds <= MAX_SECONDS):
+        raise SettingError(f"--timeout {spec!r} is not accepted: use STEP=SECONDS with SECONDS > 0 and "
+                           f"<= {MAX_SECONDS}, for example prefill-*=1200 or chat-tiny=600.")
     return pattern.strip(), seconds
 
 

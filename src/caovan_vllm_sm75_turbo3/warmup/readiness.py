@@ -11,9 +11,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import httpx
-
-from .client import ServerClient, error_message
+from ..errors import CaovanError
+from .client import Deadline, Misdirected, Refused, ServerClient, StepError, error_message
 
 # Exit codes of a readiness failure: the server is not there / died, or the request names something wrong.
 EXIT_NOT_READY = 3
@@ -23,12 +22,14 @@ _PROXY_NOT_UP = (502, 504)
 _PROBE_TIMEOUT_S = 10.0
 
 
-class NotReady(Exception):
-    """The server will not take requests; `str()` is the reason, `exit_code` what the command exits with."""
+class NotReady(CaovanError):
+    """The server will not take requests; `str()` is the reason, `exit_code` what the command exits with.
+
+    A CaovanError: the user fixes it (start the server, wait longer, pass --api-key or --model).
+    """
 
     def __init__(self, reason: str, exit_code: int = EXIT_NOT_READY) -> None:
-        super().__init__(reason)
-        self.exit_code = exit_code
+        super().__init__(reason, exit_code=exit_code)
 
 
 @dataclass(frozen=True)
@@ -48,28 +49,29 @@ def wait_until_ready(client: ServerClient, model: str | None, wait_s: float, pol
     Raises NotReady when `wait_s` runs out, the engine is dead, the API key is refused, or the
     model is not served.
     """
-    start = time.monotonic()
-    deadline = start + wait_s
+    wait = Deadline.after(wait_s)
     while True:
-        probe_timeout = max(0.05, min(_PROBE_TIMEOUT_S, deadline - time.monotonic()))
+        # One deadline for both probes, never past the wait: a server that trickles bytes ends with it.
+        probe = Deadline.after(max(0.05, min(_PROBE_TIMEOUT_S, wait.left())))
         try:
-            health = client.get("/health", probe_timeout)
-        except httpx.ConnectError:
-            what = "the port to accept connections (connection refused: the engine is still loading)"
-        except httpx.TimeoutException:
-            what = "GET /health to answer (it timed out)"
-        except httpx.HTTPError as err:
-            what = f"GET /health to answer ({type(err).__name__}: {err})"
+            health = client.get("/health", probe)
+        except Refused:
+            what = (f"the port to accept connections (connection refused: nothing listens on {client.where} yet; "
+                    "the engine is still loading)")
+        except Misdirected as err:  # TLS to a plain-HTTP server, a request that cannot be sent: waiting won't help
+            raise NotReady(str(err), EXIT_BAD_INPUT) from None
+        except StepError as err:
+            what = f"GET /health to answer ({err})"
         else:
             if health.status_code == 503:
                 body = f" (body: {error_message(health.content)})" if health.content.strip() else ""
                 raise NotReady(f"GET /health returned 503 at {client.api_base}: the engine is dead "
                                f"(vLLM EngineDeadError){body}; read the server log, restart it, then warm it up again")
             if health.status_code == 200:
-                listed = _listed_model(client, model, probe_timeout)
+                listed = _listed_model(client, model, probe)
                 if listed is not None:
                     served, max_len = listed
-                    return Ready(served, max_len, time.monotonic() - start)
+                    return Ready(served, max_len, wait_s - wait.left())
                 what = "GET /v1/models to answer"
             elif health.status_code in _PROXY_NOT_UP:
                 what = f"GET /health to be 200 (a proxy answers {health.status_code}: the server is not up yet)"
@@ -77,18 +79,18 @@ def wait_until_ready(client: ServerClient, model: str | None, wait_s: float, pol
                 raise NotReady(f"GET /health returned {health.status_code} at {client.api_base}: "
                                f"{error_message(health.content)}; is this a vLLM server?")
         if on_wait:
-            on_wait(what, time.monotonic() - start)
-        if time.monotonic() + poll_s > deadline:
+            on_wait(what, wait_s - wait.left())
+        if wait.left() < poll_s:
             raise NotReady(f"{client.api_base} not ready after {wait_s:g} s: still waiting for {what} "
                            "(raise --wait for a cold start)")
         time.sleep(poll_s)
 
 
-def _listed_model(client: ServerClient, model: str | None, timeout_s: float) -> tuple[str, int | None] | None:
+def _listed_model(client: ServerClient, model: str | None, probe: Deadline) -> tuple[str, int | None] | None:
     """The served model (name, max_model_len) from GET /v1/models; None when it did not answer yet."""
     try:
-        resp = client.get("/v1/models", timeout_s)
-    except httpx.HTTPError:
+        resp = client.get("/v1/models", probe)
+    except StepError:
         return None
     if resp.status_code == 401:
         raise NotReady("GET /v1/models returned 401 Unauthorized: pass --api-key (or set OPENAI_API_KEY / "

@@ -12,11 +12,11 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, Protocol
 
-import httpx
-
-from .client import Rejected, Reply, ServerClient, StepError
+from ..errors import CaovanException
+from .client import Deadline, Rejected, Reply, ServerClient, StepError, Unreachable, redact
 from .ladder import LadderConfig, Step, build_ladder, warm_pass
 from .prompts import TOOLS, FittedPrompt, chat_messages, fit_prompt, short_question
 from .readiness import NotReady, wait_until_ready
@@ -57,24 +57,24 @@ def warm_fleet(api_bases: Sequence[str], options: WarmupOptions, progress: Progr
         "step_timeout_s": options.ladder.step_timeout_s,
         "timeouts": {p: s for p, s in options.ladder.timeouts}, "warm_pass": options.warm_pass})
     for i, api_base in enumerate(api_bases):
-        progress.server(api_base, i + 1, len(api_bases))
+        progress.server(redact(api_base), i + 1, len(api_bases))
         server = warm_server(api_base, options, progress)
         report.servers.append(server)
         if not server.ok:
-            report.not_attempted = list(api_bases[i + 1:])
+            report.not_attempted = [redact(u) for u in api_bases[i + 1:]]
             break
     return report
 
 
 def warm_server(api_base: str, options: WarmupOptions, progress: Progress) -> ServerReport:
-    """Readiness, the cold ladder and the warm pass for one server."""
-    report = ServerReport(api_base=api_base)
+    """Readiness, the cold ladder and the warm pass for one server; no secret reaches the report."""
+    report = ServerReport(api_base=redact(api_base))
     cfg = options.ladder
     with ServerClient(api_base, options.api_key, max_connections=cfg.max_num_seqs) as client:
         try:
             ready = wait_until_ready(client, options.model, options.wait_s, options.poll_s, progress.waiting)
         except NotReady as err:
-            report.fail(READINESS, str(err), err.exit_code)
+            report.fail(READINESS, client.redact(str(err)), err.exit_code)
             return report
         report.model, report.max_model_len, report.ready_after_s = ready.model, ready.max_model_len, ready.waited_s
         steps = build_ladder(replace(cfg, max_model_len=ready.max_model_len))
@@ -96,6 +96,7 @@ def _run_all(runner: _StepRunner, steps: list[Step], prefix: str, report: Server
             continue
         progress.step_started(label, step)
         result = runner.run(step, label)
+        result.reason, result.note = runner.client.redact(result.reason), runner.client.redact(result.note)
         progress.step_finished(label, result)
         results.append(result)
         if result.status == FAILED:
@@ -120,14 +121,16 @@ class _StepRunner:
     def run(self, step: Step, label: str) -> StepResult:
         """Run one step; never raises for a server problem (it becomes a failed result).
 
-        The latency covers the generation requests only, not the /tokenize calls that size the prompt.
+        The step's time limit is wall-clock and covers all its requests, the /tokenize calls that size
+        the prompt included; the latency covers the generation requests only.
         """
         result = StepResult(step.name, step.kind, OK, concurrency=step.concurrency)
+        deadline = Deadline.after(step.timeout_s)
         start = None
         try:
-            requests = self._prepare(step, label, result)
+            requests = self._prepare(step, label, result, deadline)
             start = time.monotonic()
-            replies = self._send_all(step, requests)
+            replies = self._send_all(step, requests, deadline)
         except StepError as err:
             result.latency_s = None if start is None else time.monotonic() - start
             if isinstance(err, Rejected) and step.optional:
@@ -154,7 +157,7 @@ class _StepRunner:
             result.cached_tokens = last.cached_tokens
         return result
 
-    def _prepare(self, step: Step, label: str, result: StepResult) -> list[_Request]:
+    def _prepare(self, step: Step, label: str, result: StepResult, deadline: Deadline) -> list[_Request]:
         """The step's requests, prompts sized; the request id names the step in the server log."""
         rid = f"caovan-warmup:{label}:{self.nonce}"
         nonce = f"{self.nonce}-{label}"
@@ -165,23 +168,23 @@ class _StepRunner:
         if step.kind in ("concurrency", "mixed"):
             texts = [short_question(f"{nonce}-{i}") for i in range(step.concurrency)]
             if step.kind == "mixed":  # the first request is the long prefill, the others decode beside it
-                texts[0] = self._prompt(step, f"{nonce}-0", result)
+                texts[0] = self._prompt(step, f"{nonce}-0", result, deadline)
             return [_Request("/v1/chat/completions", self._chat_body(step, t), f"{rid}:{i}")
                     for i, t in enumerate(texts)]
-        body = self._chat_body(step, self._prompt(step, nonce, result))
+        body = self._chat_body(step, self._prompt(step, nonce, result, deadline))
         copies = 2 if step.kind == "prefix-cache" else 1  # the second copy hits the prefix cache
         return [_Request("/v1/chat/completions", body, f"{rid}:{i}") for i in range(copies)]
 
-    def _send_one(self, step: Step, req: _Request) -> Reply:
+    def _send_one(self, req: _Request, deadline: Deadline) -> Reply:
         send = self.client.completion if req.path == "/v1/completions" else self.client.chat
-        return send(req.body, step.timeout_s, req.request_id)
+        return send(req.body, deadline, req.request_id)
 
-    def _send_all(self, step: Step, requests: list[_Request]) -> list[Reply]:
+    def _send_all(self, step: Step, requests: list[_Request], deadline: Deadline) -> list[Reply]:
         """One after another, or all at once for a concurrency step; the first error is raised."""
         if step.concurrency == 1:
-            return [self._send_one(step, req) for req in requests]
+            return [self._send_one(req, deadline) for req in requests]
         with ThreadPoolExecutor(max_workers=len(requests)) as pool:
-            futures = [pool.submit(self._send_one, step, req) for req in requests]
+            futures = [pool.submit(self._send_one, req, deadline) for req in requests]
             replies, errors = [], []
             for i, fut in enumerate(futures):
                 try:
@@ -207,7 +210,7 @@ class _StepRunner:
             body.update(chat_template_kwargs={"enable_thinking": True})
         return body
 
-    def _prompt(self, step: Step, nonce: str, result: StepResult) -> str:
+    def _prompt(self, step: Step, nonce: str, result: StepResult, deadline: Deadline) -> str:
         """The step's prompt text; fitted to its token target when it has one."""
         if step.prompt_tokens is None:
             if step.kind == "reasoning":
@@ -215,20 +218,21 @@ class _StepRunner:
             if step.kind == "tool-call":
                 return f"[{nonce}] What is the weather in Hanoi right now? Use the get_weather tool."
             return short_question(nonce)
-        fitted = self._fit(nonce, step.prompt_tokens)
+        fitted = self._fit(nonce, step.prompt_tokens, deadline)
         result.prompt_tokens, result.prompt_tokens_exact = fitted.tokens, fitted.exact
         return fitted.text
 
-    def _fit(self, nonce: str, target: int) -> FittedPrompt:
+    def _fit(self, nonce: str, target: int, deadline: Deadline) -> FittedPrompt:
         if self.tokenize_available is not False:
             try:
-                return fit_prompt(nonce, target, self._count)
+                return fit_prompt(nonce, target, partial(self._count, deadline))
             except _NoTokenize:
                 pass
         return fit_prompt(nonce, target, None)
 
-    def _count(self, text: str) -> int:
-        n = self.client.tokenize({"model": self.model, "messages": chat_messages(text)}, _TOKENIZE_TIMEOUT_S)
+    def _count(self, deadline: Deadline, text: str) -> int:
+        limit = deadline if deadline.left() < _TOKENIZE_TIMEOUT_S else _TOKENIZE_TIMEOUT_S
+        n = self.client.tokenize({"model": self.model, "messages": chat_messages(text)}, limit)
         if n is None:
             self.tokenize_available = False
             raise _NoTokenize
@@ -239,9 +243,9 @@ class _StepRunner:
         """After a failure: what GET /health says now, so an engine death is named as such."""
         try:
             code = self.client.get("/health", _HEALTH_AFTER_FAILURE_TIMEOUT_S).status_code
-        except httpx.ConnectError:
+        except Unreachable:
             return "; the server no longer accepts connections (vLLM exits when its engine dies)"
-        except httpx.HTTPError:
+        except StepError:
             return ""
         if code == 503:
             return "; GET /health now returns 503: the engine died"
@@ -255,8 +259,8 @@ class _Request:
     request_id: str
 
 
-class _NoTokenize(Exception):
-    """The server has no /tokenize endpoint: the fit falls back to an estimate."""
+class _NoTokenize(CaovanException):
+    """The server has no /tokenize endpoint: the fit falls back to an estimate (an internal signal)."""
 
 
 def _note(step: Step, replies: list[Reply], note: str) -> str:
