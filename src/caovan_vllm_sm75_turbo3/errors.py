@@ -1,9 +1,21 @@
-"""Errors a user can cause. The CLI turns each into one clear line and an exit code."""
+"""The root of every exception this package raises, and the errors a user can cause.
+
+    CaovanException          the root: every exception class of the package derives from it
+      CaovanError            user-fixable; the CLI turns each into one clear line and an exit code
+      TurboError             the sm_75 Turbo build refused a kernel (rewrite, ptxas): it builds plain
+      (internal signals)     subclassed in place, e.g. warmup's StepError, caught where they are raised
+
+Only CaovanError is caught as "the user's problem"; nothing catches the root itself.
+"""
 
 from __future__ import annotations
 
 
-class CaovanError(Exception):
+class CaovanException(Exception):
+    """Root of the package's exceptions; catch a subclass, never this."""
+
+
+class CaovanError(CaovanException):
     """A problem the user can fix; `str(err)` is the whole message meant for a human.
 
     `exit_code` is what the command line exits with (2: bad input or FAIL, by convention).
@@ -15,6 +27,10 @@ class CaovanError(Exception):
         super().__init__(message)
         if exit_code is not None:
             self.exit_code = exit_code
+
+
+class TurboError(CaovanException):
+    """The Turbo (sm_75 tensor-core) build of one kernel failed; the caller falls back to the plain build."""
 
 
 class SettingError(CaovanError):

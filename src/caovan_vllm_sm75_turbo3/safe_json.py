@@ -16,6 +16,8 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from .errors import CaovanException
+
 MAX_DEPTH = 64  # no file we read nests deeper; the limit keeps later recursion (asdict, dumps) safe
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
           (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
@@ -30,7 +32,7 @@ def short(value: object) -> str:
     return _SHORT.repr(value)
 
 
-class BadJson(ValueError):
+class BadJson(CaovanException, ValueError):
     """The text or file is not what we accept; `str()` is one line without the file name."""
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import safe_json
-from ..errors import FactsError
+from ..errors import CaovanException, FactsError
 from ..kernels.gdn_capability import DISPATCH_CAPABILITY
 
 FACTS_SCHEMA = 1
@@ -175,7 +175,7 @@ class Facts:
         return cls.from_dict(data, source=str(p))
 
 
-class _Shape(ValueError):
+class _Shape(CaovanException, ValueError):
     """A facts value of the wrong type or range; the message names its key path."""
 
 

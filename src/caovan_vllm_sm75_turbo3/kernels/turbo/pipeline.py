@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ...errors import TurboError
 from .resources import PtxasError, PtxasReport, mma_count, run_ptxas
 from .rewrite import REWRITE_VERSION, RewriteResult, TurboRewriteError, rewrite_ptx
 
@@ -38,7 +39,7 @@ SM75_SHARED_LIMIT = 65536   # bytes of shared memory per block on Turing (opt-in
 PLAN_CAPABILITY = 80        # Triton's MMAv2 path, which sm_75's m16n8k8 can execute when split
 
 
-class TurboBuildError(Exception):
+class TurboBuildError(TurboError):
     """The turbo build failed; `str(err)` is the reason (for the once-per-kernel fallback log)."""
 
 

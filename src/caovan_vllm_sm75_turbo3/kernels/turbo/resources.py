@@ -12,6 +12,8 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 
+from ...errors import TurboError
+
 PTXAS_TIMEOUT_S = 300
 
 _REGS = re.compile(r"Used (\d+) registers")
@@ -21,7 +23,7 @@ _MMA = re.compile(r"^\s*(@!?%\w+\s+)?mma\.sync\.", re.MULTILINE)
 _FMA = re.compile(r"^\s*(@!?%\w+\s+)?fma\.rn(\.ftz)?\.f32\b", re.MULTILINE)
 
 
-class PtxasError(Exception):
+class PtxasError(TurboError):
     """ptxas refused the PTX; `str(err)` holds the first lines of its log."""
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from ...errors import TurboError
+
 # Bump when the rewrite's output changes: it is part of Triton's cache key.
 REWRITE_VERSION = "1"
 
@@ -43,7 +45,7 @@ _SM80_ONLY: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     ))
 
 
-class TurboRewriteError(Exception):
+class TurboRewriteError(TurboError):
     """The PTX cannot be rewritten for sm_75; `str(err)` is the reason, for the fallback log."""
 
 
