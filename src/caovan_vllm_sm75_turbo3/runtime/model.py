@@ -166,8 +166,9 @@ def _read_weight_names(p: Path, shards: list[Path], facts: ModelFacts) -> None:
         weight_map, metadata = data.get("weight_map"), data.get("metadata")
         if isinstance(metadata, dict):
             _check_numbers(metadata, {"total_size": (0, _MAX_BYTES)}, index, "metadata.")
-            if metadata.get("total_size"):
-                facts.index_total_bytes = int(metadata["total_size"])
+            total = metadata.get("total_size")
+            if isinstance(total, (int, float)) and not isinstance(total, bool) and total > 0:
+                facts.index_total_bytes = int(total)
         if not isinstance(weight_map, dict):
             facts.notes.append(f"{INDEX_FILE} unreadable: its weight_map is not an object")
             return
