@@ -7,7 +7,7 @@ import json
 import pytest
 
 from caovan_vllm_sm75_turbo3.errors import SettingError
-from caovan_vllm_sm75_turbo3.policy.vllm_args import read_vllm_args
+from caovan_vllm_sm75_turbo3.policy.vllm_args import read_vllm_args, serve_args
 
 from conftest import REFERENCE
 
@@ -76,3 +76,14 @@ def test_malformed_additional_config_is_one_clear_error(argv, words):
     assert err.value.exit_code == 2
     for w in words:
         assert w in str(err.value)
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["/venv/bin/vllm", "serve", "/m", "-tp", "2"], ["/m", "-tp", "2"]),
+    (["/x/vllm/entrypoints/openai/api_server.py", "--model", "/m"], ["--model", "/m"]),
+    (["/venv/bin/vllm", "bench", "serve"], []),
+    (["-c"], []),
+    ([], []),
+])
+def test_serve_args_from_a_process_command_line(argv, expected):
+    assert serve_args(argv) == expected

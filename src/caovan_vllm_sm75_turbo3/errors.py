@@ -43,3 +43,11 @@ class FactsError(CaovanError):
 
 class ModelError(CaovanError):
     """A model directory's config.json or safetensors index holds a value no model can have."""
+
+
+class Turbo3Refused(CaovanError):
+    """require-turbo3 is on and the accelerated path (our GDN prefill with Turbo) cannot be active.
+
+    Raised before vLLM starts (the launcher, `register()`) and inside a vLLM process when our
+    GDN prefill cannot serve it (plugin/dispatch).
+    """

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..caches.layout import hold_in_use
 from ..errors import CaovanError
-from ..plugin.apply import apply_env, plan_launch
+from ..launch import apply_env, plan_launch
 from ..policy.banner import banner_lines
 from ..policy.plan import Plan
 from ..policy.vllm_args import canonical, read_vllm_args

@@ -10,15 +10,16 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 from ..caches.layout import hold_in_use
 from ..config import load_settings
+from ..errors import Turbo3Refused
+from ..launch import APPLIED_MARK, apply_env, plan_launch
 from ..policy.banner import banner_lines, worker_line
 from ..policy.plan import Plan
-from ..policy.vllm_args import read_vllm_args
-from .apply import APPLIED_MARK, Turbo3Refused, apply_env, plan_launch
+from ..policy.vllm_args import read_vllm_args, serve_args
 from .dispatch import install as install_gdn_dispatch
 from .turbo import install_turbo
 
@@ -65,15 +66,6 @@ def _initial_environ() -> dict[str, str] | None:
         return None
     pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
     return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
-
-
-def serve_args(argv: Sequence[str]) -> list[str]:
-    """The `vllm serve` arguments of this process's command line; [] for anything else."""
-    if len(argv) > 1 and argv[1] == "serve":
-        return list(argv[2:])
-    if argv and os.path.basename(argv[0]) == "api_server.py":
-        return list(argv[1:])
-    return []
 
 
 def apply_guards() -> Plan | None:

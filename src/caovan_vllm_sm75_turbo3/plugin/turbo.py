@@ -18,10 +18,9 @@ def install_turbo() -> str:
     try:
         from ..config import load_settings
         from ..policy.turbo import decide_turbo
-        from ..policy.vllm_args import read_vllm_args
+        from ..policy.vllm_args import read_vllm_args, serve_args
         from ..runtime.facts import Facts
         from ..runtime.probe import dist_version, probe_gpus
-        from .register import serve_args
 
         # vLLM's spawned workers keep the server's argv, so a `caovan_turbo` additional-config
         # key counts in every process, as CAOVAN_TURBO does.

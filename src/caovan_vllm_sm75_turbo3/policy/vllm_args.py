@@ -14,6 +14,7 @@ those always take one.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -145,3 +146,15 @@ def read_vllm_args(argv: Sequence[str]) -> VllmArgs:
         notes.append("--config FILE: arguments inside that YAML file are not read by the launcher; "
                      "the guards treat them as not given")
     return VllmArgs(argv=args, model=model, flags=flags, additional_config=config, notes=tuple(notes))
+
+
+def serve_args(argv: Sequence[str]) -> list[str]:
+    """The `vllm serve` arguments of a process's command line (`sys.argv`); [] for anything else.
+
+    `vllm serve ARGS` and vLLM's `api_server.py ARGS` entry point both count.
+    """
+    if len(argv) > 1 and argv[1] == "serve":
+        return list(argv[2:])
+    if argv and os.path.basename(argv[0]) == "api_server.py":
+        return list(argv[1:])
+    return []

@@ -1,7 +1,8 @@
 """Gather the launch policy's inputs from this machine, run it, and (when asked) carry it out.
 
-Shared by `caovan-vllm-serve` (before it execs vLLM) and by `register()` in the first vLLM
-process of a plain `vllm serve`, so both make the same decisions. With `write=False`
+Shared by `caovan-vllm-serve` (cli/serve.py, before it execs vLLM) and by `register()`
+(plugin/register.py) in the first vLLM process of a plain `vllm serve`, so both make the
+same decisions. Neither a CLI nor a plugin module: both layers call it. With `write=False`
 nothing is written anywhere (the `--dry-run` plan); with `write=True` the environment
 key's cache directories are created and, in probe mode, FlashInfer's sampler is
 test-built once per key and toolchain.
@@ -13,27 +14,22 @@ from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..caches.key import env_key
-from ..caches.layout import KeyDir, cache_root, existing_keys, is_empty, prepare
-from ..config import Settings, load_settings
-from ..errors import CaovanError
-from ..policy.guards import CacheState
-from ..policy.launch_fill import LaunchFill, fill_launch
-from ..policy.plan import FilledArg, Plan, make_plan
-from ..policy.profiles import load_table
-from ..policy.vllm_args import VllmArgs
-from ..runtime import flashinfer_probe as fp
-from ..runtime.facts import Facts
-from ..runtime.model import read_model
-from ..runtime.probe import load_facts
+from .caches.key import env_key
+from .caches.layout import KeyDir, cache_root, existing_keys, is_empty, prepare
+from .config import Settings, load_settings
+from .policy.guards import CacheState
+from .policy.launch_fill import LaunchFill, fill_launch
+from .policy.plan import FilledArg, Plan, make_plan
+from .policy.profiles import load_table
+from .policy.vllm_args import VllmArgs
+from .runtime import flashinfer_probe as fp
+from .runtime.facts import Facts
+from .runtime.model import read_model
+from .runtime.probe import load_facts
 
 # Set in the environment vLLM's processes inherit once the guards are applied, so that
 # workers log one short line instead of planning again. Not a CAOVAN_* setting.
 APPLIED_MARK = "_CAOVAN_APPLIED"
-
-
-class Turbo3Refused(CaovanError):
-    """require-turbo3 is on and the accelerated path cannot be active."""
 
 
 @dataclass(frozen=True)
