@@ -218,7 +218,7 @@ def test_failing_precompile_launch_falls_back_with_the_exact_line(tmp_path):
 def test_failing_precompile_with_require_turbo3_refuses(tmp_path):
     out = scenario(tmp_path, TRITON_INTERPRET="0", additional_config={"caovan_require_turbo3": True})
     assert out["build_error"].startswith(
-        "DispatchError: require-turbo3 (additional-config caovan_require_turbo3) is on, but our GDN prefill "
+        "Turbo3Refused: require-turbo3 (additional-config caovan_require_turbo3) is on, but our GDN prefill "
         "cannot serve this process: precompile launch for 1 sequence(s)")
     assert any(r.startswith(f"Caovan SM75 Turbo3 dispatch failed on interface {IFACE}: ") for r in out["records"])
 
@@ -247,13 +247,14 @@ def test_unknown_layout_in_a_fake_vllm_tree_is_one_line_and_never_a_crash(tmp_pa
             def emit(self, record): records.append(record.getMessage())
         logging.getLogger("caovan_vllm_sm75_turbo3").addHandler(Keep())
         logging.getLogger("caovan_vllm_sm75_turbo3").setLevel(logging.INFO)
+        from caovan_vllm_sm75_turbo3.errors import Turbo3Refused
         from caovan_vllm_sm75_turbo3.plugin import dispatch
         import vllm
         assert vllm.__file__.startswith(sys.argv[1]), vllm.__file__
         try:
             dispatch.install()
             print("ERROR none")
-        except dispatch.DispatchError as err:
+        except Turbo3Refused as err:
             print("ERROR", err)
         import vllm.model_executor.layers.mamba.gdn_v99.layer
         print("HOOKS", sum(1 for f in sys.meta_path if type(f).__name__ == "AfterImport"))
@@ -303,12 +304,13 @@ def test_a_changed_gdn_module_is_not_supported_and_vllm_still_imports_it(tmp_pat
             def emit(self, record): records.append(record.getMessage())
         logging.getLogger("caovan_vllm_sm75_turbo3").addHandler(Keep())
         logging.getLogger("caovan_vllm_sm75_turbo3").setLevel(logging.INFO)
+        from caovan_vllm_sm75_turbo3.errors import Turbo3Refused
         from caovan_vllm_sm75_turbo3.plugin import dispatch
         dispatch.install()
         try:
             import vllm.model_executor.layers.mamba.gdn_linear_attn as m
             print("LOADED", m.LOADED)
-        except dispatch.DispatchError as err:
+        except Turbo3Refused as err:
             print("REFUSED", err)
         for r in records: print("REC", r)
     """)

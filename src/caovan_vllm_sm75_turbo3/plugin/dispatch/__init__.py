@@ -2,7 +2,7 @@
 installed vLLM, registered through `ChunkGatedDeltaRule.register_oot`, precompiled and
 self-checked before vLLM's profile run, and reported in one line (`gdn_legacy=...`)."""
 
-from .controller import DispatchError, current_state, install
+from .controller import current_state, install
 from .state import DispatchState
 
-__all__ = ["DispatchError", "DispatchState", "current_state", "install"]
+__all__ = ["DispatchState", "current_state", "install"]

@@ -10,7 +10,7 @@ Three moments, each cheap until the next is needed:
 3. `Dispatch.take_over()` (the first op vLLM builds): settings again with vLLM's
    additional-config, the precompile and self-check, and the final one-line state.
 A failure at 2 or 3 leaves vLLM's own kernel in charge and says why; with require-turbo3 it
-raises `DispatchError` instead, which stops vLLM from starting.
+raises `Turbo3Refused` instead, which stops vLLM from starting.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from types import ModuleType
 from typing import Any
 
 from ...config import Settings, load_settings
-from ...errors import CaovanError
+from ...errors import CaovanError, Turbo3Refused
 from ...kernels.gdn_capability import dispatch_target
 from ...policy.accel import gdn_state
 from ...runtime.facts import Facts
@@ -44,10 +44,6 @@ KERNEL = "caovan-gdn-chunk"  # kernels/gdn: chunked two-kernel Triton prefill
 
 # The one dispatch of this process (None until register() installed it).
 _DISPATCH: Dispatch | None = None
-
-
-class DispatchError(CaovanError):
-    """require-turbo3 is on and our GDN prefill cannot serve this process."""
 
 
 def vllm_root() -> Path | None:
@@ -114,7 +110,7 @@ class Dispatch:
 
     def refuse_if_required(self, settings: Settings, reason: str) -> None:
         if settings.require_turbo3:
-            raise DispatchError(
+            raise Turbo3Refused(
                 f"require-turbo3 ({settings.source('require_turbo3')}) is on, but our GDN prefill cannot "
                 f"serve this process: {reason}. Unset CAOVAN_REQUIRE_TURBO3 / drop caovan_require_turbo3 "
                 "to start on vLLM's own kernel.")
@@ -157,7 +153,7 @@ class Dispatch:
                 self.unsupported(iface.name, taken)
                 return
             self.interface = iface
-        except DispatchError:
+        except Turbo3Refused:
             raise
         except Exception as err:  # never take vLLM down unless require-turbo3 asks for it
             self.unsupported(iface.name, f"checking the interface raised {_first_line(err)}")
@@ -169,7 +165,7 @@ class Dispatch:
             self.decided = True
             try:
                 self.kernel = self._decide(op)
-            except DispatchError:
+            except Turbo3Refused:
                 raise
             except Exception as err:  # model construction must go on, on vLLM's own kernel
                 self.kernel = None
@@ -241,7 +237,7 @@ class Dispatch:
 
 def install(env: Mapping[str, str] | None = None) -> Dispatch | None:
     """Set up this process's GDN dispatch once; cheap (no vLLM import). Returns it, or None when
-    the plugin is off. Raises DispatchError only when require-turbo3 forbids vLLM's own path."""
+    the plugin is off. Raises Turbo3Refused only when require-turbo3 forbids vLLM's own path."""
     global _DISPATCH
     if _DISPATCH is not None:
         return _DISPATCH
