@@ -79,7 +79,8 @@ def test_a_trickling_stream_does_not_hold_the_warmup(fake, capsys):
     code, out, _, took = cli(capsys, "--api-base", srv.url, *SMALL, "--wait", "2", "--step-timeout", "2",
                              "--timeout", "stream=0.7")
     assert code == 1 and took < 6
-    assert out.strip().splitlines()[-1] == "[Caovan] warmup=FAILED step=stream reason=timeout: no complete reply within 0.7 s"
+    assert out.strip().splitlines()[-1] == ("[Caovan] warmup=FAILED step=stream "
+                                            "reason=timeout: no complete reply within 0.7 s")
 
 
 # --- 2. bounded reads --------------------------------------------------------------------------
