@@ -41,6 +41,7 @@ logger = logging.getLogger("caovan_vllm_sm75_turbo3")
 
 FAMILIES: tuple[GdnInterface, ...] = (legacy_gdn_v020.INTERFACE, modular_qwen_gdn_v022.INTERFACE)
 KERNEL = "caovan-gdn-chunk"  # kernels/gdn: chunked two-kernel Triton prefill
+TURBO_KERNELS = ("_prep_kernel", "_state_kernel")  # its Triton functions, as the Turbo hook names them
 
 # The one dispatch of this process (None until register() installed it).
 _DISPATCH: Dispatch | None = None
@@ -83,6 +84,27 @@ def attribute_problems(iface: GdnInterface, module: ModuleType) -> list[str]:
     if not callable(getattr(op, "register_oot", None)):
         problems.append(f"{iface.op_class} has no register_oot")
     return problems
+
+
+def _current_hook() -> Any:
+    from ...kernels.turbo.hook import current_hook
+
+    return current_hook()
+
+
+def turbo_problem(hook: Any, kernels: tuple[str, ...] = TURBO_KERNELS) -> str | None:
+    """Why our GDN prefill would not get tensor cores in this process (None: it does).
+
+    The plan's one rule, confirmed where it runs: without the Turbo hook, or when a build of one of
+    our kernels fell back to plain code, the kernel runs on CUDA cores and vLLM's own stays in charge.
+    """
+    if hook is None:
+        return ("the Turbo hook is not installed in this process (see its turbo= line): "
+                "our GDN prefill would run on CUDA cores")
+    fell = [f"{k}: {hook.fell_back[k]}" for k in kernels if k in hook.fell_back]
+    if fell:
+        return "our GDN kernels built without tensor cores (" + "; ".join(fell) + ")"
+    return None
 
 
 def _first_line(err: BaseException) -> str:
@@ -206,8 +228,14 @@ class Dispatch:
                     self.say(DispatchState(UPSTREAM, name, replacement.upstream_kernel(op),
                                            f"this process's GPU is sm_{cc[0]}{cc[1]}, not sm_75"))
                     return None
+                hook = _current_hook()
+                problem = turbo_problem(hook)
+                if problem:
+                    self.fail(settings, problem, replacement.upstream_kernel(op))
+                    return None
             else:
                 device = torch.device("cpu")  # Triton's interpreter (TRITON_INTERPRET=1), for tests
+                hook = None                   # no tensor cores to check there
         except Exception as err:
             self.fail(settings, f"our GDN kernel cannot be loaded: {_first_line(err)}",
                       replacement.upstream_kernel(op))
@@ -224,6 +252,10 @@ class Dispatch:
                                         CHUNK, device)
             except PrecompileError as err:
                 self.fail(settings, str(err), replacement.upstream_kernel(op))
+                return None
+            problem = turbo_problem(hook) if device.type == "cuda" else None
+            if problem:  # the precompile's builds fell back to plain FMA code
+                self.fail(settings, problem, replacement.upstream_kernel(op))
                 return None
             if settings.flashqla_precompile:
                 why = (f"{sm75}; precompiled {report.launches} launches for {shapes.describe()} in "
