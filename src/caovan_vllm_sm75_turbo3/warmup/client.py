@@ -262,6 +262,7 @@ class Reply:
     finish_reason: str | None = None
     latency_s: float = 0.0
     ttft_s: float | None = None  # streams only: time to the first generated text
+    last_token_s: float | None = None  # streams only: time to the last chunk that added text
     chunks: int = 0
 
     @property
@@ -480,10 +481,12 @@ class ServerClient:
             except ValueError:
                 raise StepError(f"malformed JSON in stream chunk {len(chunks) + 1}: {payload[:_SNIPPET]!r}") from None
             chunks.append(data)
-            had_text = bool(reply.text or reply.reasoning)
+            had_text = len(reply.text) + len(reply.reasoning)
             add_stream_chunk(data, reply)
-            if reply.ttft_s is None and not had_text and (reply.text or reply.reasoning):
-                reply.ttft_s = time.monotonic() - start
+            if len(reply.text) + len(reply.reasoning) > had_text:
+                reply.last_token_s = time.monotonic() - start
+                if reply.ttft_s is None:
+                    reply.ttft_s = reply.last_token_s
         raise StepError(f"stream cut: it ended after {len(chunks)} chunks without data: [DONE]")
 
     def chat(self, body: dict[str, Any], limit: float | Deadline, request_id: str | None = None) -> Reply:

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
+
+from ..errors import CaovanException
 
 # Ordinary words; most are one token in common BPE vocabularies, some are two, which is why
 # lengths are measured through /tokenize when the server has it.
@@ -83,3 +86,38 @@ def fit_prompt(nonce: str, target: int, count: Callable[[str], int] | None) -> F
                 return FittedPrompt(padded, padded_tokens, exact=True)
     tokens, text = min(tried.values(), key=lambda v: abs(v[0] - target))
     return FittedPrompt(text, tokens, exact=True)
+
+
+class NoTokenize(CaovanException):
+    """The server has no /tokenize endpoint: the fit falls back to an estimate (an internal signal)."""
+
+
+class PromptFitter:
+    """`fit_prompt` with the server's own counter (POST /tokenize) while it has one; after the first
+    "no such endpoint" every later fit is an estimate. Shared by the warmup and the bench."""
+
+    def __init__(self) -> None:
+        self.tokenize_available: bool | None = None
+
+    @property
+    def token_lengths(self) -> str:
+        """How prompt lengths were set: "exact" (measured by the server), "estimated", or "" (none yet)."""
+        return {True: "exact", False: "estimated", None: ""}[self.tokenize_available]
+
+    def fit(self, nonce: str, target: int, count_messages: Callable[[list[dict[str, str]]], int | None]) -> FittedPrompt:
+        """The filler prompt of `target` tokens; `count_messages(messages)` is the server's count of a
+        chat request, None when the server cannot count."""
+        if self.tokenize_available is not False:
+            try:
+                return fit_prompt(nonce, target, partial(self._count, count_messages))
+            except NoTokenize:
+                pass
+        return fit_prompt(nonce, target, None)
+
+    def _count(self, count_messages: Callable[[list[dict[str, str]]], int | None], text: str) -> int:
+        n = count_messages(chat_messages(text))
+        if n is None:
+            self.tokenize_available = False
+            raise NoTokenize
+        self.tokenize_available = True
+        return n

@@ -15,10 +15,9 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Protocol
 
-from ..errors import CaovanException
 from .client import Deadline, Rejected, Reply, ServerClient, StepError, Unreachable, redact
 from .ladder import LadderConfig, Step, build_ladder, warm_pass
-from .prompts import TOOLS, FittedPrompt, chat_messages, fit_prompt, short_question
+from .prompts import TOOLS, FittedPrompt, PromptFitter, chat_messages, short_question
 from .readiness import NotReady, wait_until_ready
 from .report import FAILED, NOT_RUN, OK, READINESS, SKIPPED, ServerReport, StepResult, WarmupReport
 
@@ -111,12 +110,12 @@ class _StepRunner:
         self.client = client
         self.model = model
         self.nonce = secrets.token_hex(4)  # per run: a second warmup of the same server misses the cache too
-        self.tokenize_available: bool | None = None
+        self.fitter = PromptFitter()
 
     @property
     def token_lengths(self) -> str:
         """How prompt lengths were set: measured by the server or estimated."""
-        return {True: "exact", False: "estimated", None: ""}[self.tokenize_available]
+        return self.fitter.token_lengths
 
     def run(self, step: Step, label: str) -> StepResult:
         """Run one step; never raises for a server problem (it becomes a failed result).
@@ -223,21 +222,11 @@ class _StepRunner:
         return fitted.text
 
     def _fit(self, nonce: str, target: int, deadline: Deadline) -> FittedPrompt:
-        if self.tokenize_available is not False:
-            try:
-                return fit_prompt(nonce, target, partial(self._count, deadline))
-            except _NoTokenize:
-                pass
-        return fit_prompt(nonce, target, None)
+        return self.fitter.fit(nonce, target, partial(self._count, deadline))
 
-    def _count(self, deadline: Deadline, text: str) -> int:
+    def _count(self, deadline: Deadline, messages: list[dict[str, str]]) -> int | None:
         limit = deadline if deadline.left() < _TOKENIZE_TIMEOUT_S else _TOKENIZE_TIMEOUT_S
-        n = self.client.tokenize({"model": self.model, "messages": chat_messages(text)}, limit)
-        if n is None:
-            self.tokenize_available = False
-            raise _NoTokenize
-        self.tokenize_available = True
-        return n
+        return self.client.tokenize({"model": self.model, "messages": messages}, limit)
 
     def _engine_state(self) -> str:
         """After a failure: what GET /health says now, so an engine death is named as such."""
@@ -257,10 +246,6 @@ class _Request:
     path: str
     body: dict[str, Any]
     request_id: str
-
-
-class _NoTokenize(CaovanException):
-    """The server has no /tokenize endpoint: the fit falls back to an estimate (an internal signal)."""
 
 
 def _note(step: Step, replies: list[Reply], note: str) -> str:
