@@ -91,6 +91,7 @@ def test_user_errors_and_internal_kinds_are_separate_branches():
     assert NotReady("not ready").exit_code == 3
 
 
+@pytest.mark.torch
 def test_gdn_input_error_stays_a_value_error():
     pytest.importorskip("torch")
     from caovan_vllm_sm75_turbo3.kernels.gdn import GDNInputError
