@@ -6,13 +6,14 @@ import itertools
 from types import SimpleNamespace
 
 import pytest
-from conftest import RTX3090, TI22, facts_dict
+from conftest import ROOT, RTX3090, TI22, facts_dict
 
 from caovan_vllm_sm75_turbo3.config import load_settings
 from caovan_vllm_sm75_turbo3.kernels.turbo.allowlist import load_allowlist, triton_version_matches
 from caovan_vllm_sm75_turbo3.plugin.dispatch.controller import TURBO_KERNELS, turbo_problem
 from caovan_vllm_sm75_turbo3.policy.accel import gdn_state
 from caovan_vllm_sm75_turbo3.policy.plan import make_plan
+from caovan_vllm_sm75_turbo3.policy import vllm_versions as vv
 from caovan_vllm_sm75_turbo3.policy.turbo import HOOK_TRITON_VERSIONS, decide_turbo
 from caovan_vllm_sm75_turbo3.policy.vllm_args import read_vllm_args
 from caovan_vllm_sm75_turbo3.runtime.facts import Facts
@@ -101,3 +102,41 @@ def test_dispatch_confirms_the_rule_in_each_process() -> None:
     hook.fell_back[TURBO_KERNELS[1]] = "shared memory 70000 > 65536"
     why = turbo_problem(hook)
     assert why and TURBO_KERNELS[1] in why and "70000" in why and TURBO_KERNELS[0] not in why
+
+
+RELEASES = vv.all_release_pins()
+
+
+def test_the_pins_cover_every_supported_minor_with_a_triton() -> None:
+    minors = [vv.minor(p.vllm) for p in RELEASES]
+    first, last = vv.minor_key(vv.minor(vv.SUPPORTED_MIN)), vv.minor_key(vv.SUPPORTED_MAX_MINOR)
+    assert minors == [f"{a}.{b}" for a, b in sorted({vv.minor_key(m) for m in minors})]  # oldest first, no repeats
+    assert (vv.minor_key(minors[0]), vv.minor_key(minors[-1])) == (first, last)
+    assert len(minors) == last[1] - first[1] + 1
+    assert all(p.triton_version and vv.parse(p.triton_version) for p in RELEASES)
+    assert vv.release_pins("0.21.0").triton_version == "3.6.0"  # what DESIGN's facts record
+    assert vv.release_pins("0.33.0+cu130").triton_version.startswith("3.8.")
+    assert vv.release_pins("0.40.0") is None and vv.release_pins(None) is None
+
+
+@pytest.mark.parametrize("pins", RELEASES, ids=[p.vllm for p in RELEASES])
+def test_every_supported_release_with_its_own_triton_claims_only_what_the_hook_gives(pins) -> None:
+    plan = _plan(pins.triton_version, vllm=pins.vllm)
+    hook_trusts = any(triton_version_matches(pins.triton_version, (v,)) for v in HOOK_TRITON_VERSIONS)
+    assert plan.status["turbo3"] == ("active" if hook_trusts else "inactive")
+    assert plan.status["turbo"] == ("auto" if hook_trusts else f"off-unverified-triton-{pins.triton_version}")
+
+
+def release_table() -> str:
+    """docs/turbo.md's table of what each supported release gets, from the pins and the plan itself."""
+    lines = ["| vLLM | torch | Triton | `turbo=` | `turbo3=` |", "|---|---|---|---|---|"]
+    for p in RELEASES:
+        status = _plan(p.triton_version, vllm=p.vllm).status
+        lines.append(f"| {p.vllm} | {p.torch} | {p.triton} | `{status['turbo']}` | `{status['turbo3']}` |")
+    return "\n".join(lines)
+
+
+def test_turbo_doc_states_what_each_release_gets() -> None:
+    doc = (ROOT / "docs" / "turbo.md").read_text(encoding="utf-8")
+    got = doc.split("<!-- release-turbo:start -->\n", 1)[-1].split("\n<!-- release-turbo:end -->", 1)[0]
+    assert got == release_table(), "docs/turbo.md's release table is stale; it should read:\n" + release_table()

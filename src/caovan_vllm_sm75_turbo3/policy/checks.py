@@ -136,7 +136,8 @@ def check_vllm(f: Facts) -> CheckResult:
 
 def check_flashinfer(f: Facts) -> CheckResult:
     fi, mm = f.versions.flashinfer, vv.minor(f.versions.vllm)
-    good = vv.KNOWN_GOOD_FLASHINFER.get(mm or "")
+    pins = vv.release_pins(f.versions.vllm)
+    good = pins.flashinfer if pins else None
     if not fi:
         return CheckResult("flashinfer", Status.WARN, "flashinfer is not installed",
                            f"pip install flashinfer-python=={good}" if good else "vLLM falls back to other kernels")

@@ -6,7 +6,9 @@ Sources are docs/design.md's "vLLM facts" (read from each release's source).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from importlib import resources
 
 from packaging.version import Version
 
@@ -54,8 +56,35 @@ FEATURES: tuple[ReleaseFeature, ...] = (
                    "--enable-prefix-caching), read from 0.33.0's arg_utils.py"),
 )
 
-# FlashInfer release each vLLM release was built and tested with.
-KNOWN_GOOD_FLASHINFER: dict[str, str] = {"0.21": "0.6.8.post1"}
+PINS_FILE = "vllm_release_pins.json"   # written by tools/release_pins.py from the wheels' metadata
+
+
+@dataclass(frozen=True)
+class ReleasePins:
+    """What one vLLM release's Linux wheel pins (Triton through its torch); None: no pin read."""
+
+    vllm: str
+    torch: str | None
+    triton: str | None       # a version, or `~=X.Y.Z` where torch pins a compatible range
+    flashinfer: str | None
+
+    @property
+    def triton_version(self) -> str | None:
+        """The Triton version this release runs with (the base of a compatible range)."""
+        return self.triton.removeprefix("~=") if self.triton else None
+
+
+def all_release_pins() -> tuple[ReleasePins, ...]:
+    """Every supported release's pins, oldest first (the newest patch of each minor)."""
+    text = resources.files("caovan_vllm_sm75_turbo3").joinpath("data", PINS_FILE).read_text(encoding="utf-8")
+    rows = json.loads(text)["releases"]
+    return tuple(ReleasePins(v, r.get("torch"), r.get("triton"), r.get("flashinfer")) for v, r in rows.items())
+
+
+def release_pins(version: str | None) -> ReleasePins | None:
+    """The pins read for this release's minor (None: a minor we have not read)."""
+    mm = minor(version)
+    return next((p for p in all_release_pins() if minor(p.vllm) == mm), None) if mm else None
 
 
 def has(feature: str, version: str | None) -> bool | None:
