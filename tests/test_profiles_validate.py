@@ -241,3 +241,37 @@ def test_extractor_reproduces_the_021_table_and_matches_the_live_parser(vllm_par
         for flag in action.option_strings:
             if flag in entry["choices"]:
                 assert set(entry["choices"][flag]) <= {str(c) for c in action.choices or ()}, flag
+
+
+def test_only_the_field_report_profile_carries_measured_numbers():
+    table = load_table()
+    with_numbers = {p.name: p.expected for p in table.profiles if p.expected is not None}
+    assert set(with_numbers) == {"2x2080ti-22g-qwen3.5-hybrid-v0.21"}
+    exp = with_numbers["2x2080ti-22g-qwen3.5-hybrid-v0.21"]
+    assert (exp.decode_tok_s, exp.decode_tok_s_without_mtp, exp.prefill_tok_s) == (100, 45, (1750, 1840))
+    assert (exp.prompt_tokens, exp.output_tokens, exp.concurrency) == (4096, 128, 1) and "field report" in exp.source
+    assert all(p.source.kind == "field-report" for p in table.profiles if p.expected)
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"decode_tok_s": 0}, "above 0"),
+    ({"decode_tok_s": float("nan")}, "above 0"),
+    ({"decode_tok_s": True}, "must be float"),
+    ({"prefill_tok_s": [1840, 1750]}, "is above high"),
+    ({"prefill_tok_s": [1750]}, r"\[low, high\]"),
+    ({"concurrency": 0}, ">= 1"),
+    ({"source": " "}, "who measured it"),
+    ({"tok_s": 1}, "unknown keys"),
+])
+def test_a_bad_expected_block_is_refused(change, message):
+    data = raw_table()
+    data["profiles"][0]["expected"].update(change)
+    with pytest.raises(ProfileTableError, match=message):
+        parse_table(data, "crafted")
+
+
+def test_a_derived_profile_cannot_claim_measured_numbers():
+    data = raw_table()
+    data["profiles"][2]["expected"] = copy.deepcopy(data["profiles"][0]["expected"])
+    with pytest.raises(ProfileTableError, match="only a field-report profile"):
+        parse_table(data, "crafted")

@@ -45,6 +45,27 @@ class Source:
 
 
 @dataclass(frozen=True)
+class Expected:
+    """What a field-report profile measured, for the bench to compare with: decode tok/s per stream
+    (with and without MTP), the prefill tok/s range at `prompt_tokens`, at `concurrency` streams."""
+
+    decode_tok_s: float
+    decode_tok_s_without_mtp: float | None
+    prefill_tok_s: tuple[float, float] | None
+    prompt_tokens: int | None
+    output_tokens: int | None
+    concurrency: int
+    source: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form, as in profiles.json."""
+        return {"decode_tok_s": self.decode_tok_s, "decode_tok_s_without_mtp": self.decode_tok_s_without_mtp,
+                "prefill_tok_s": list(self.prefill_tok_s) if self.prefill_tok_s else None,
+                "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens,
+                "concurrency": self.concurrency, "source": self.source}
+
+
+@dataclass(frozen=True)
 class Match:
     """The setup a profile is for. Ranges are inclusive; `None` is open."""
 
@@ -84,6 +105,7 @@ class Profile:
     match: Match | None            # None for the conservative fallback
     launch: dict[str, Any]
     source: Source
+    expected: Expected | None = None  # measured numbers: field-report profiles only
 
 
 @dataclass(frozen=True)
@@ -163,6 +185,53 @@ def _source(raw: Any, where: str) -> Source:
                   where=str(raw.get("where", "")))
 
 
+_EXPECTED_KEYS = ("decode_tok_s", "decode_tok_s_without_mtp", "prefill_tok_s", "prompt_tokens", "output_tokens",
+                  "concurrency", "source")
+_MAX_TOK_S = 1e6  # no Turing setup decodes or prefills a million tokens a second
+
+
+def _rate(raw: dict[str, Any], key: str, where: str) -> float:
+    value = _need(raw, key, float, where)
+    if not 0 < value < _MAX_TOK_S:
+        raise ProfileTableError(f"{where}: {key!r} must be a number of tokens per second above 0, got {value!r}")
+    return value
+
+
+def _expected(raw: Any, source: Source, where: str) -> Expected | None:
+    """The `expected` block: only a field report measured anything, so only it may carry one."""
+    if raw is None:
+        return None
+    where = f"{where} expected"
+    if not isinstance(raw, dict):
+        raise ProfileTableError(f"{where}: must be an object")
+    if source.kind != "field-report":
+        raise ProfileTableError(f"{where}: only a field-report profile has measured numbers (this one is "
+                                f"{source.kind!r})")
+    unknown = sorted(set(raw) - set(_EXPECTED_KEYS))
+    if unknown:
+        raise ProfileTableError(f"{where}: unknown keys {unknown} (known: {', '.join(_EXPECTED_KEYS)})")
+    prefill = None
+    if raw.get("prefill_tok_s") is not None:
+        pair = _need(raw, "prefill_tok_s", list, where)
+        if len(pair) != 2:
+            raise ProfileTableError(f"{where}: 'prefill_tok_s' must be [low, high]")
+        low, high = (_rate({"prefill_tok_s": v}, "prefill_tok_s", where) for v in pair)
+        if low > high:
+            raise ProfileTableError(f"{where}: 'prefill_tok_s' low {low:g} is above high {high:g}")
+        prefill = (low, high)
+    without = None if raw.get("decode_tok_s_without_mtp") is None else _rate(raw, "decode_tok_s_without_mtp", where)
+    tokens = {k: None if raw.get(k) is None else _need(raw, k, int, where) for k in ("prompt_tokens", "output_tokens")}
+    concurrency = _need(raw, "concurrency", int, where)
+    if any(v is not None and v < 1 for v in (concurrency, *tokens.values())):
+        raise ProfileTableError(f"{where}: 'concurrency', 'prompt_tokens' and 'output_tokens' must be whole "
+                                "numbers >= 1")
+    text = _need(raw, "source", str, where)
+    if not text.strip():
+        raise ProfileTableError(f"{where}: 'source' must say who measured it, on what")
+    return Expected(_rate(raw, "decode_tok_s", where), without, prefill, tokens["prompt_tokens"],
+                    tokens["output_tokens"], concurrency, text)
+
+
 def parse_table(data: Any, origin: str = "package data") -> ProfileTable:
     """Build a table from its JSON form. Raises ProfileTableError naming the first problem."""
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
@@ -206,7 +275,9 @@ def parse_table(data: Any, origin: str = "package data") -> ProfileTable:
                 raise ProfileTableError(f"{where}: vllm min {match.vllm_min} is above max {match.vllm_max}")
         except ValueError:
             raise ProfileTableError(f"{where}: vllm min/max must be releases like '0.21'") from None
-        profiles.append(Profile(name, match, _launch(raw.get("launch"), where), _source(raw.get("source"), where)))
+        source = _source(raw.get("source"), where)
+        profiles.append(Profile(name, match, _launch(raw.get("launch"), where), source,
+                                _expected(raw.get("expected"), source, where)))
     return ProfileTable(classes, families, tuple(profiles), conservative, origin)
 
 
