@@ -35,6 +35,8 @@ H, HV, D = 8, 24, 128
 CASES: dict[str, list[int]] = {
     "T=512": [512],
     "T=4096": [4096],
+    "T=8192": [8192],                 # the chunk vLLM sends at --max-num-batched-tokens 8192
+    "pack-8192": [5000, 3192],        # two prompts' chunks in one 8192-token step
     "T=32768": [32768],
     "packed-8": [3000, 1, 64, 777, 2048, 129, 1500, 500],
 }
@@ -213,7 +215,29 @@ DEFAULT_ROWS = tuple(r for r in ROWS if r != "ours-native")
 REPEATED_ROWS = ("ours-sm75-turbo", "fla-chunk")  # the pair the issue's targets compare
 
 
-def run(ptx_dir: Path, json_out: Path | None, rows_wanted: tuple[str, ...] = ROWS, repeats: int = 1) -> None:
+def run_fresh(argv: list[str], cases: tuple[str, ...], json_out: Path | None) -> None:
+    """Run each case in its own Python process and merge the reports.
+
+    fla-core's autotune keys omit the sequence length, so in one process the first case timed picks
+    fla's configs for every later one; a fresh process per case tunes each baseline at its own shape.
+    """
+    import subprocess
+    import tempfile
+
+    report: dict = {"fresh_process_per_case": True, "cases": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        for case in cases:
+            part = Path(tmp) / "case.json"
+            subprocess.run([sys.executable, __file__, "run", *argv, "--cases", case, "--json", str(part)], check=True)
+            got = json.loads(part.read_text())
+            report = {**got, **report, "cases": {**report["cases"], **got["cases"]}}
+            if json_out:
+                json_out.write_text(json.dumps(report, indent=1))
+    print(json.dumps(report, indent=1))
+
+
+def run(ptx_dir: Path, json_out: Path | None, rows_wanted: tuple[str, ...] = ROWS, repeats: int = 1,
+        cases: tuple[str, ...] = tuple(CASES)) -> None:
     import torch
     import torch.nn.functional as F
 
@@ -239,6 +263,8 @@ def run(ptx_dir: Path, json_out: Path | None, rows_wanted: tuple[str, ...] = ROW
         fla_chunk = fla_rec = None
 
     for case, lens in CASES.items():
+        if case not in cases:
+            continue
         torch.manual_seed(0)
         T, N = sum(lens), len(lens)
         q = F.normalize(torch.randn(1, T, H, D, device=dev), dim=-1).half()
@@ -314,6 +340,9 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"comma-separated rows to run, of {', '.join(ROWS)} (default: all but ours-native)")
     r.add_argument("--repeats", type=int, default=1,
                    help="time ours-sm75-turbo and fla-chunk this many times, interleaved, and report the median")
+    r.add_argument("--cases", default=",".join(CASES), help=f"comma-separated cases, of {', '.join(CASES)}")
+    r.add_argument("--fresh", action="store_true",
+                   help="each case in a fresh process, so fla-core autotunes at the shape it is timed at")
     a = ap.parse_args(argv)
     if a.cmd == "build":
         build(a.out)
@@ -324,7 +353,13 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--rows: unknown row(s) {', '.join(unknown) or '(none given)'}; accepted: {', '.join(ROWS)}")
     if a.repeats < 1:
         ap.error(f"--repeats: must be 1 or more, got {a.repeats}")
-    run(a.ptx, a.json, rows, a.repeats)
+    cases = tuple(x.strip() for x in a.cases.split(",") if x.strip())
+    if not cases or any(c not in CASES for c in cases):
+        ap.error(f"--cases: accepted: {', '.join(CASES)}")
+    if a.fresh:
+        run_fresh(["--ptx", str(a.ptx), "--rows", ",".join(rows), "--repeats", str(a.repeats)], cases, a.json)
+    else:
+        run(a.ptx, a.json, rows, a.repeats, cases)
     return 0
 
 
