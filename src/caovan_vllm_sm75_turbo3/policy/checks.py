@@ -2,43 +2,15 @@
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from ..runtime.facts import Facts
 from ..runtime.model import ModelFacts
 from . import vllm_versions as vv
+from .check_result import CheckResult, Status, rollup  # noqa: F401  (callers import these from here)
+from .host_checks import host_checks
 
 _GIB = 1024
-
-
-class Status(str, enum.Enum):
-    PASS = "PASS"
-    WARN = "WARN"
-    FAIL = "FAIL"
-
-    @property
-    def exit_code(self) -> int:
-        """The doctor's exit code for this roll-up: 0 PASS, 1 WARN, 2 FAIL."""
-        return {"PASS": 0, "WARN": 1, "FAIL": 2}[self.value]
-
-
-@dataclass(frozen=True)
-class CheckResult:
-    name: str
-    status: Status
-    detail: str
-    remedy: str = ""
-
-    def to_dict(self) -> dict[str, str]:
-        return {"name": self.name, "status": self.status.value, "detail": self.detail, "remedy": self.remedy}
-
-
-def rollup(results: list[CheckResult]) -> Status:
-    """The worst status among `results` (PASS when empty)."""
-    order = [Status.PASS, Status.WARN, Status.FAIL]
-    return max((r.status for r in results), key=order.index, default=Status.PASS)
 
 
 def sm75_line(facts: Facts) -> str:
@@ -204,8 +176,9 @@ MACHINE_CHECKS: tuple[Callable[[Facts], CheckResult], ...] = (
 
 
 def run_checks(facts: Facts, model: ModelFacts | None = None) -> list[CheckResult]:
-    """All checks for `facts` (and the model directory when given), in report order."""
+    """All checks for `facts` (and the model directory when given), in report order; the host
+    checks (CPU governor, PCIe, power, throttling, P2P) last, and only for what the facts know."""
     results = [c(facts) for c in MACHINE_CHECKS]
     if model is not None:
         results.append(check_checkpoint(facts, model))
-    return results
+    return results + host_checks(facts)

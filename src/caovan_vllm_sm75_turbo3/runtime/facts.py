@@ -7,6 +7,7 @@ A missing piece is `None` (unknown/absent). Unknown keys in a facts file are kep
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,17 @@ class GpuFact:
     compute_capability: str | None = None  # "7.5"
     memory_total_mib: int | None = None
     uuid: str | None = None
+    # The link and power state the host checks judge (policy/host_checks.py); all from NVML.
+    pcie_gen: int | None = None          # current generation: idle GPUs lower it to save power
+    pcie_gen_max: int | None = None      # the most this card and its slot allow
+    pcie_width: int | None = None        # current lanes
+    pcie_width_max: int | None = None    # the most this card and its slot allow (a x4 slot: 4)
+    power_limit_w: float | None = None
+    power_limit_default_w: float | None = None
+    persistence_mode: bool | None = None
+    nvlink_active_links: int | None = None  # 0 where NVLink is not supported
+    throttle_reasons: list[str] | None = None  # active clocks event reasons (THROTTLE_REASONS names)
+    p2p_read: dict[str, str] | None = None  # peer CUDA index -> P2P read status (P2P_STATUSES name)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -58,6 +70,8 @@ class HostFacts:
     swap_total_mib: int | None = None
     cpu_model: str | None = None
     cpu_count: int | None = None
+    cpu_governor: str | None = None  # the frequency governor of every CPU, or "mixed"
+    cpu_governors: list[str] | None = None  # the distinct governors, sorted
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -184,7 +198,12 @@ _MAX_MIB = 2**31  # 2 PiB: far above any machine, far below float trouble
 # Accepted ranges of the whole-number fields, by field name (the same name means the same unit).
 _LIMITS: dict[str, tuple[int, int]] = {
     "index": (0, 1023), "memory_total_mib": (0, _MAX_MIB), "memory_available_mib": (0, _MAX_MIB),
-    "swap_total_mib": (0, _MAX_MIB), "cpu_count": (1, 2**20)}
+    "swap_total_mib": (0, _MAX_MIB), "cpu_count": (1, 2**20), "pcie_gen": (1, 32), "pcie_gen_max": (1, 32),
+    "pcie_width": (1, 64), "pcie_width_max": (1, 64), "nvlink_active_links": (0, 64)}
+_FLOAT_LIMITS: dict[str, tuple[float, float]] = {"power_limit_w": (1.0, 5000.0), "power_limit_default_w": (1.0, 5000.0)}
+# Names we print in check details and banner lines: short identifiers, never free text.
+NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,40}")  # used with fullmatch
+_NAMED = {"cpu_governor", "cpu_governors", "throttle_reasons", "p2p_read"}
 
 
 def _field_value(name: str, hint: str, value: Any, where: str) -> Any:
@@ -206,10 +225,39 @@ def _field_value(name: str, hint: str, value: Any, where: str) -> Any:
     elif hint.startswith("bool"):
         if not isinstance(value, bool):
             raise _Shape(f"'{path}' must be true, false or null, not {safe_json.short(value)}")
+    elif hint.startswith("float"):
+        lo_f, hi_f = _FLOAT_LIMITS[name]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo_f <= value <= hi_f:
+            raise _Shape(f"'{path}' must be a number from {lo_f:g} to {hi_f:g} or null, not {safe_json.short(value)}")
+        value = float(value)
     elif hint.startswith("list[str]"):
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise _Shape(f"'{path}' must be a list of strings, not {safe_json.short(value)}")
+    elif hint.startswith("dict[str, str]"):
+        value = _peer_map(value, path)
+    if name in _NAMED:
+        _names(value, path)
     return value
+
+
+def _peer_map(value: Any, path: str) -> dict[str, str]:
+    """A map from a GPU index, written as a JSON key ("1"), to a status name."""
+    lo, hi = _LIMITS["index"]
+
+    def good(k: Any, v: Any) -> bool:
+        return isinstance(k, str) and bool(re.fullmatch("[0-9]{1,4}", k)) and lo <= int(k) <= hi and isinstance(v, str)
+    if not isinstance(value, dict) or not all(good(k, v) for k, v in value.items()):
+        raise _Shape(f"'{path}' must map GPU indices (\"0\" to \"{hi}\") to status names, not {safe_json.short(value)}")
+    return dict(value)
+
+
+def _names(value: Any, path: str) -> None:
+    """Names we print must be short identifiers: a facts file cannot smuggle text into a report line."""
+    items = [value] if isinstance(value, str) else list(value.values()) if isinstance(value, dict) else value
+    bad = next((v for v in items if not NAME_RE.fullmatch(v)), None)
+    if bad is not None:
+        raise _Shape(f"'{path}' must hold names of letters, digits, '_', '.' or '-' (up to 40), "
+                     f"not {safe_json.short(bad)}")
 
 
 def _section(cls: type, raw: dict[str, Any], where: str) -> tuple[dict[str, Any], dict[str, Any]]:

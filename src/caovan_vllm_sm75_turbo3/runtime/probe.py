@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .. import __version__
+from . import host as host_mod
 from .facts import Facts, GpuFact, HostFacts, Toolchain, Versions
 
 T = TypeVar("T")
@@ -129,7 +130,9 @@ def probe_gpus(env: Mapping[str, str], notes: list[str]) -> tuple[list[GpuFact],
         uuids = [_safe(notes, f"GPU {i} uuid", lambda h=h: _text(pynvml.nvmlDeviceGetUUID(h)), None)
                  for i, h in enumerate(handles)]
         gpus = []
-        for cuda_index, nvml_index in enumerate(_visible(count, env, uuids)):
+        visible = _visible(count, env, uuids)
+        p2p = host_mod.p2p_read(pynvml, [handles[i] for i in visible])
+        for cuda_index, nvml_index in enumerate(visible):
             h = handles[nvml_index]
             cc = _safe(notes, f"GPU {nvml_index} compute capability",
                        lambda: pynvml.nvmlDeviceGetCudaComputeCapability(h), None)
@@ -140,6 +143,7 @@ def probe_gpus(env: Mapping[str, str], notes: list[str]) -> tuple[list[GpuFact],
                 compute_capability=f"{cc[0]}.{cc[1]}" if cc else None,
                 memory_total_mib=int(mem // _MIB) if mem else None,
                 uuid=uuids[nvml_index],
+                **host_mod.gpu_fields(pynvml, h), p2p_read=p2p[cuda_index],
                 extra={"nvml_index": nvml_index} if nvml_index != cuda_index else {}))
         return gpus, driver, True
     finally:
@@ -150,9 +154,12 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def probe_host(notes: list[str]) -> HostFacts:
-    """Host memory, swap and CPU from psutil and /proc/cpuinfo."""
-    host = HostFacts(cpu_count=os.cpu_count())
+def probe_host(notes: list[str], root: Path = Path("/")) -> HostFacts:
+    """Host memory and swap from psutil; CPU model and frequency governors from /proc and sysfs
+    under `root`."""
+    governor, governors = host_mod.governor_summary(host_mod.cpu_governors(root))
+    host = HostFacts(cpu_count=os.cpu_count(), cpu_model=host_mod.cpu_model(root) or platform.processor() or None,
+                     cpu_governor=governor, cpu_governors=governors)
     try:
         import psutil
         vm = psutil.virtual_memory()
@@ -161,13 +168,6 @@ def probe_host(notes: list[str]) -> HostFacts:
         host.swap_total_mib = psutil.swap_memory().total // _MIB
     except Exception as err:
         notes.append(f"host memory: {type(err).__name__}: {err}")
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                host.cpu_model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        host.cpu_model = platform.processor() or None
     return host
 
 
