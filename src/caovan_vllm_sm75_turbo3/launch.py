@@ -21,7 +21,7 @@ from .policy.guards import CacheState
 from .policy.launch_fill import LaunchFill, fill_launch
 from .policy.plan import FilledArg, Plan, make_plan
 from .policy.profiles import load_table
-from .policy.vllm_args import VllmArgs
+from .policy.vllm_args import LaunchNumbers, VllmArgs, check_launch_args
 from .runtime import flashinfer_probe as fp
 from .runtime.facts import Facts
 from .runtime.model import read_model
@@ -34,12 +34,14 @@ APPLIED_MARK = "_CAOVAN_APPLIED"
 
 @dataclass(frozen=True)
 class Prepared:
-    """A plan with the inputs it was made from."""
+    """A plan with the inputs it was made from; `refused_args` is the one-line refusal of the
+    user's vLLM arguments (also in `plan.refusal`), None when they passed or were not checked."""
 
     plan: Plan
     settings: Settings
     facts: Facts
     keydir: KeyDir | None
+    refused_args: str | None = None
 
 
 def _cache_state(keydir: KeyDir) -> CacheState:
@@ -55,8 +57,10 @@ def plan_launch(env: Mapping[str, str], args: VllmArgs, cli: Mapping[str, Any] |
     """Plan a launch for `args` in `env`. Raises CaovanError for bad settings or facts files.
 
     `cli` holds our own flags' values (setting name -> value, None when not given); `say`
-    receives progress lines for slow steps (the sampler test build); `fill_args` adds the
-    launch profile's vLLM arguments (only caovan-vllm-serve can: it builds vLLM's argv).
+    receives progress lines for slow steps (the sampler test build); `fill_args` checks the
+    user's vLLM arguments (check_launch_args, once: a refusal is in the plan and nothing is
+    written) and adds the launch profile's (only caovan-vllm-serve does: it builds vLLM's argv;
+    a plain `vllm serve` has parsed its arguments itself).
     """
     settings = load_settings(env, args.additional_config, cli)
     facts = load_facts(settings.facts, env)
@@ -65,13 +69,17 @@ def plan_launch(env: Mapping[str, str], args: VllmArgs, cli: Mapping[str, Any] |
         keydir = KeyDir(cache_root(settings.cache_dir, env), env_key(facts))
     # Read the cache before prepare() creates it, so the plan can tell a cold start.
     state = _cache_state(keydir) if keydir else None
-    fill = _profile_fill(facts, settings, args) if fill_args and settings.active else None
+    checked = check_launch_args(args, len(facts.gpus)) if fill_args else None
+    refused = checked.refusal() if checked else None
+    fill = (_profile_fill(facts, settings, args, checked.numbers)
+            if checked and not refused and settings.active else None)
     filled = [FilledArg(a.flag, a.value, a.reason) for a in fill.args] if fill else []
-    plan = _with_fill(make_plan(facts, settings, env, args, state, filled_args=filled), fill)
+    plan = _refused(_with_fill(make_plan(facts, settings, env, args, state, filled_args=filled), fill), refused)
+    write = write and refused is None
     if plan.status.get("flashinfer_sampler") != "probe-pending":
         if write and keydir and plan.stop_reason() is None:
             prepare(keydir)
-        return Prepared(plan, settings, facts, keydir)
+        return Prepared(plan, settings, facts, keydir, refused)
     child_env = {**env, **plan.env_updates()}
     fingerprint = fp.toolchain_fingerprint(child_env, facts.toolchain.nvcc_path, facts.versions.nvcc)
     result = fp.read_cached(keydir.path, fingerprint) if keydir else None
@@ -84,14 +92,24 @@ def plan_launch(env: Mapping[str, str], args: VllmArgs, cli: Mapping[str, Any] |
             if keydir:
                 fp.store(keydir.path, result)
     if result is not None:
-        plan = _with_fill(make_plan(facts, settings, env, args, state, result, filled_args=filled), fill)
-    return Prepared(plan, settings, facts, keydir)
+        plan = _refused(_with_fill(make_plan(facts, settings, env, args, state, result, filled_args=filled), fill),
+                        refused)
+    return Prepared(plan, settings, facts, keydir, refused)
 
 
-def _profile_fill(facts: Facts, settings: Settings, args: VllmArgs) -> LaunchFill:
-    """The launch profile's decisions for this machine and the model directory in `args`."""
+def _profile_fill(facts: Facts, settings: Settings, args: VllmArgs, numbers: LaunchNumbers) -> LaunchFill:
+    """The launch profile's decisions for this machine and the model directory in `args`, with
+    what could not be read in the model directory as notes."""
     model = read_model(args.model) if args.model else None
-    return fill_launch(facts, model, settings.profile, args, load_table())
+    fill = fill_launch(facts, model, settings.profile, args, load_table(), numbers)
+    return replace(fill, lines=(*fill.lines, *(f"model: {n}" for n in (model.notes if model else ()))))
+
+
+def _refused(plan: Plan, refused: str | None) -> Plan:
+    """The plan with the refusal of the user's arguments first in its refusal."""
+    if refused is None:
+        return plan
+    return replace(plan, refusal=refused + (f". {plan.refusal}" if plan.refusal else ""))
 
 
 def _with_fill(plan: Plan, fill: LaunchFill | None) -> Plan:

@@ -8,7 +8,6 @@ codes and logs are vLLM's own.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import shutil
@@ -18,11 +17,11 @@ from pathlib import Path
 
 from ..caches.layout import hold_in_use
 from ..errors import CaovanError
-from ..launch import apply_env, plan_launch
+from ..launch import Prepared, apply_env, plan_launch
 from ..policy.banner import banner_lines
 from ..policy.plan import Plan
 from ..policy.vllm_args import canonical, read_vllm_args
-from .common import run_cli
+from .common import print_json, run_cli
 
 PROG = "caovan-vllm-serve"
 # Our flags; a test checks that vLLM 0.21's `vllm serve` parser has none of them.
@@ -40,8 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "exec `vllm serve MODEL [vLLM serve arguments]` with your arguments unchanged "
                     "(see `vllm serve --help` for those). Your own environment variables and "
                     "arguments always win.",
-        epilog="Exit codes: --dry-run/--json 0; 2 for bad input, runtime=FAIL or a require-turbo3 "
-               "refusal (before vLLM starts); otherwise vLLM's own.")
+        epilog="Exit codes: --dry-run/--json 0, also when the plan says the launch would stop for "
+               "runtime=FAIL or require-turbo3 (the dry run did its job), but 2 for bad input, including "
+               "refused vLLM arguments (the plan is printed first, with the refusal); a launch exits 2 "
+               "for bad input, runtime=FAIL or a require-turbo3 refusal (before vLLM starts); otherwise "
+               "vLLM's own.")
     p.add_argument("--dry-run", action="store_true",
                    help="print the plan (environment changes with reasons, final argv) and exit; writes nothing")
     p.add_argument("--json", action="store_true", help="print the plan as one JSON object and exit (implies --dry-run)")
@@ -102,12 +104,16 @@ def _program() -> str | None:
         return None
 
 
-def plan_text(plan: Plan, program: str | None) -> list[str]:
+def stop_reason(prepared: Prepared) -> str | None:
+    """Why a launch must not start: the plan's reasons, or (the plugin off) refused arguments."""
+    return prepared.plan.stop_reason() or prepared.refused_args
+
+
+def plan_text(plan: Plan, program: str | None, stop: str | None) -> list[str]:
     """The dry-run report: the banner, then the final command and what a launch would do."""
     lines = banner_lines(plan)
     lines.append("argv: " + shlex.join(plan.argv))
     lines.append("vllm_program: " + (program or "not found (a launch would stop)"))
-    stop = plan.stop_reason()
     lines.append(f"launch: would stop: {stop}" if stop else "launch: would exec vLLM with the environment above")
     lines.append("dry run: nothing was written and vLLM was not started")
     return lines
@@ -122,14 +128,16 @@ def main(argv: Sequence[str]) -> int:
     prepared = plan_launch(os.environ, args, cli, write=not dry, say=lambda s: print(s, flush=True),
                            fill_args=True)
     plan = prepared.plan
+    stop = stop_reason(prepared)
     if opts.json:
-        print(json.dumps({**plan.to_dict(), "vllm_program": _program(), "dry_run": True}, indent=2))
-        return 0
+        print_json({**plan.to_dict(), "vllm_program": _program(), "dry_run": True})
+    elif dry:
+        print("\n".join(plan_text(plan, _program(), stop)))
     if dry:
-        print("\n".join(plan_text(plan, _program())))
+        if prepared.refused_args:  # bad input: exit 2 after the plan, as for any bad input
+            raise CaovanError(prepared.refused_args)
         return 0
     print("\n".join(banner_lines(plan)), flush=True)
-    stop = plan.stop_reason()
     if stop:
         raise CaovanError(stop)
     program = find_vllm()

@@ -20,12 +20,14 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
+from .. import safe_json
+
 from ..runtime.facts import Facts
 from ..runtime.model import ModelFacts, ModelShape, model_shape
 from . import vllm_versions as vv
 from .memory_plan import MemoryInputs, MemoryPlan, plan_memory
 from .profiles import Family, Profile, ProfileTable, Setup, matches, select, setup_of
-from .vllm_args import VllmArgs
+from .vllm_args import AUTO_LEN, LaunchNumbers, VllmArgs, check_launch_args
 
 KV_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}  # anything else: the fp16 model dtype, 2 bytes
 COMPILATION = "--compilation-config"
@@ -90,8 +92,9 @@ def conservative_tp(gpus: int, shape: ModelShape | None) -> int:
 class _Filler:
     """Collects filled arguments, kept notes and lines for one decision pass."""
 
-    def __init__(self, args: VllmArgs) -> None:
+    def __init__(self, args: VllmArgs, numbers: LaunchNumbers) -> None:
         self.user = args
+        self.numbers = numbers  # the user's numeric arguments, checked: the only ones used
         self.args: list[ProfileArg] = []
         self.lines: list[str] = []
         self.warnings: list[str] = []
@@ -128,18 +131,11 @@ class _Filler:
         self.args.append(ProfileArg(flag, text, reason))
 
 
-def _int_value(v: str | bool | None) -> int | None:
-    try:
-        return int(v) if isinstance(v, str) else None
-    except ValueError:
-        return None
-
-
-def _float_value(v: str | bool | None) -> float | None:
-    try:
-        return float(v) if isinstance(v, str) else None
-    except ValueError:
-        return None
+def _draft_count(n: object) -> int | None:
+    """A draft-token count as given (an int or its text), None when it is not one."""
+    if isinstance(n, str) and n.strip().isdigit():
+        n = int(n)
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else None
 
 
 def _user_speculative(f: _Filler) -> int | None:
@@ -147,13 +143,11 @@ def _user_speculative(f: _Filler) -> int | None:
     raw = f.user_value("--speculative-config")
     if isinstance(raw, str):
         try:
-            cfg = json.loads(raw)
-        except json.JSONDecodeError:
+            cfg = safe_json.loads(raw)  # bounded nesting: a hostile value cannot recurse
+        except safe_json.BadJson:
             return None
-        n = cfg.get("num_speculative_tokens") if isinstance(cfg, dict) else None
-        return n if isinstance(n, int) else None
-    n = f.user_value("--speculative-config.num_speculative_tokens")
-    return _int_value(n)
+        return _draft_count(cfg.get("num_speculative_tokens") if isinstance(cfg, dict) else None)
+    return _draft_count(f.user_value("--speculative-config.num_speculative_tokens"))
 
 
 def _model_line(shape: ModelShape, model: ModelFacts, family: str | None) -> str:
@@ -169,15 +163,18 @@ def _model_line(shape: ModelShape, model: ModelFacts, family: str | None) -> str
 
 
 def fill_launch(facts: Facts, model: ModelFacts | None, profile_setting: str, args: VllmArgs,
-                table: ProfileTable) -> LaunchFill:
-    """Decide the vLLM arguments to add for this machine and model (see the module doc)."""
+                table: ProfileTable, numbers: LaunchNumbers | None = None) -> LaunchFill:
+    """Decide the vLLM arguments to add for this machine and model (see the module doc).
+
+    `numbers` are the user's numeric arguments as the launch checked them (check_launch_args);
+    without them they are read here, and a value that does not pass counts as not given."""
     if profile_setting == "none":
         return LaunchFill(None)  # the user's arguments only, nothing to explain
     if not facts.sm75_count:
         return LaunchFill(None, lines=("no SM75 GPU in the facts: no launch profile applies",))
     shape = model_shape(model.config) if model and model.config else None
     setup = setup_of(table, facts, shape)
-    f = _Filler(args)
+    f = _Filler(args, numbers or check_launch_args(args, 0).numbers)
     version = facts.versions.vllm
     profile = _choose_profile(f, table, setup, profile_setting)
     launch = profile.launch
@@ -185,13 +182,14 @@ def fill_launch(facts: Facts, model: ModelFacts | None, profile_setting: str, ar
         _fill_without_shape(f, launch, profile.name)
         return LaunchFill(profile.name, tuple(f.args), tuple(f.lines), tuple(f.warnings), None, setup)
     f.lines.append(_model_line(shape, model, setup.family))
-    tp = _fill_tensor_parallel(f, launch, facts.sm75_count, shape)
+    planned = setup.gpu_memory_mib is not None and model.size_bytes is not None
+    tp = _fill_tensor_parallel(f, launch, facts.sm75_count, shape, planned)
     _fill_dtype(f, launch)
     _check_user_dtype(f)
     kv = _fill_kv_cache_dtype(f, launch, version)
     _fill_attention_backend(f, launch, version)
     draft = _fill_speculative(f, profile, shape, model, table.families.get(setup.family or ""))
-    util = _fill_gpu_memory_utilization(f, launch, profile.name)
+    util = _fill_gpu_memory_utilization(f, launch, profile.name, planned)
     inputs = None if setup.gpu_memory_mib is None else MemoryInputs(
         gpu_memory_mib=setup.gpu_memory_mib, tensor_parallel=tp, gpu_memory_utilization=util,
         weights_bytes=model.size_bytes, headroom_mib=launch.get("headroom_mib", 2048),
@@ -229,14 +227,19 @@ def _fill_without_shape(f: _Filler, launch: dict[str, Any], profile: str) -> Non
     f.warnings.append("the model's config.json could not be read (pass a local model directory): "
                       "only --dtype and the all-reduce rule are filled")
     _fill_dtype(f, launch)
-    _fill_all_reduce(f, launch, _int_value(f.user_value("--tensor-parallel-size")) or 1, profile)
+    _fill_all_reduce(f, launch, f.numbers.tensor_parallel_size or 1, profile)
 
 
-def _fill_tensor_parallel(f: _Filler, launch: dict[str, Any], gpus: int, shape: ModelShape) -> int:
+def _memory_use(planned: bool) -> str:
+    """What a kept value is used for: the note never claims a plan that is not made."""
+    return "the memory plan uses it" if planned else "no memory plan: GPU memory or checkpoint size unknown"
+
+
+def _fill_tensor_parallel(f: _Filler, launch: dict[str, Any], gpus: int, shape: ModelShape, planned: bool) -> int:
     """Tensor parallel: the user's, else the profile's, else the largest that divides the heads."""
-    tp = _int_value(f.user_value("--tensor-parallel-size"))
+    tp = f.numbers.tensor_parallel_size
     if tp is not None:
-        f.kept("--tensor-parallel-size", "the memory plan uses it")
+        f.kept("--tensor-parallel-size", _memory_use(planned))
         return tp
     tp = launch.get("tensor_parallel_size") or conservative_tp(gpus, shape)
     if tp > gpus or not tp_divides(shape, tp):
@@ -322,11 +325,11 @@ def _fill_speculative(f: _Filler, profile: Profile, shape: ModelShape, model: Mo
     return want
 
 
-def _fill_gpu_memory_utilization(f: _Filler, launch: dict[str, Any], profile: str) -> float:
+def _fill_gpu_memory_utilization(f: _Filler, launch: dict[str, Any], profile: str, planned: bool) -> float:
     """The share of each GPU vLLM takes: the user's, else the profile's. Returns it."""
-    util = _float_value(f.user_value("--gpu-memory-utilization"))
+    util = f.numbers.gpu_memory_utilization
     if util is not None:
-        f.kept("--gpu-memory-utilization", "the memory plan uses it")
+        f.kept("--gpu-memory-utilization", _memory_use(planned))
         return util
     util = launch.get("gpu_memory_utilization", 0.9)
     f.fill("--gpu-memory-utilization", f"{util:g}", f"profile {profile}: the share of each GPU vLLM takes")
@@ -340,8 +343,10 @@ def _fill_memory(f: _Filler, launch: dict[str, Any], shape: ModelShape,
     `inputs` is None when the GPU memory is unknown (no plan). Returns the plan and the
     effective max-num-seqs.
     """
-    seqs_user = _int_value(f.user_value("--max-num-seqs"))
-    len_user = _int_value(f.user_value("--max-model-len"))
+    seqs_user = f.numbers.max_num_seqs
+    len_user = f.numbers.max_model_len
+    if len_user == AUTO_LEN:  # vLLM fits it at start: the plan shows what fits, nothing is filled
+        len_user = None
     memory = None
     if inputs is not None:
         caps = [c for c in (launch.get("max_model_len_cap"), shape.max_position_embeddings) if c]
@@ -352,15 +357,22 @@ def _fill_memory(f: _Filler, launch: dict[str, Any], shape: ModelShape,
         f.warnings += memory.warnings
         for flag in ("--max-model-len", "--max-num-seqs"):
             if f.given(flag):
-                f.kept(flag, "the memory plan uses it")
+                f.kept(flag, _kept_memory_note(flag, f.numbers, memory))
         if memory.fits:
-            if len_user is None:
+            if f.numbers.max_model_len is None:
                 f.fill("--max-model-len", str(memory.max_model_len),
                        "the longest context that fits max-num-seqs sequences at once (memory lines)")
             if seqs_user is None:
                 f.fill("--max-num-seqs", str(memory.max_num_seqs), "sequences that fit at that context (memory lines)")
     seqs = seqs_user or (memory.max_num_seqs if memory and memory.max_num_seqs else launch.get("max_num_seqs", 1))
     return memory, seqs
+
+
+def _kept_memory_note(flag: str, numbers: LaunchNumbers, memory: MemoryPlan) -> str:
+    """Why a kept max-model-len / max-num-seqs matters, as true as the plan made."""
+    if flag == "--max-model-len" and numbers.max_model_len == AUTO_LEN:
+        return "vLLM fits the length to the memory at start; the memory lines show what fits"
+    return _memory_use(memory.fits is not None)
 
 
 def _fill_batched_tokens(f: _Filler, launch: dict[str, Any], profile: str) -> None:

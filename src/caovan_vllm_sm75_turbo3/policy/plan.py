@@ -47,7 +47,7 @@ class Plan:
     user_argv: tuple[str, ...]
     filled_args: tuple[FilledArg, ...] = ()
     warnings: tuple[str, ...] = ()
-    refusal: str | None = None      # set when require-turbo3 forbids starting
+    refusal: str | None = None      # why the launch is refused: bad vLLM arguments, require-turbo3
     cache: CacheState | None = None
     active: bool = True
     sampler_probe: SamplerProbe | None = None

@@ -16,13 +16,15 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .. import safe_json
 from ..config import parse_additional_config
 from ..errors import SettingError
+
+MODEL_FLAG = "--model"
 
 ADDITIONAL_CONFIG = "--additional-config"
 
@@ -158,3 +160,135 @@ def serve_args(argv: Sequence[str]) -> list[str]:
     if argv and os.path.basename(argv[0]) == "api_server.py":
         return list(argv[1:])
     return []
+
+
+# --- the launch check: the user's numbers, read as vLLM 0.21's parser reads them -----------------
+
+AUTO_LEN = -1  # `--max-model-len auto` / `-1`: vLLM fits the length to the memory at start
+_HUMAN = re.compile(r"(\d+(?:\.\d+)?)([kmgtKMGT])")
+_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def human_int(text: str) -> int:
+    """A whole number as vLLM's `--max-num-batched-tokens` takes it: `8192`, `32k` (32,000),
+    `25.6k` (25,600), `32K` (32,768; no decimals with the binary suffixes). Raises ValueError."""
+    text = text.strip()
+    m = _HUMAN.fullmatch(text)
+    if m is None:
+        return int(text)
+    number, suffix = m.groups()
+    if suffix in _DECIMAL:
+        return int(float(number) * _DECIMAL[suffix])
+    return int(number) * _BINARY[suffix]  # a decimal before K/M/G/T is a ValueError, as in vLLM
+
+
+def human_int_or_auto(text: str) -> int:
+    """`--max-model-len` as vLLM reads it: `human_int`, or `auto`/`-1` (AUTO_LEN)."""
+    return AUTO_LEN if text.strip().lower() in ("auto", "-1") else human_int(text)
+
+
+@dataclass(frozen=True)
+class LaunchNumbers:
+    """The user's numeric vLLM arguments, checked (None: not given)."""
+
+    tensor_parallel_size: int | None = None
+    pipeline_parallel_size: int | None = None
+    nnodes: int | None = None
+    gpu_memory_utilization: float | None = None
+    max_model_len: int | None = None          # AUTO_LEN for auto
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class ArgRule:
+    """How vLLM 0.21 parses one flag, and the range that is not nonsense."""
+
+    flag: str
+    parse: Callable[[str], int | float]
+    ok: Callable[[float], bool]
+    accepted: str
+
+
+_WHOLE = "a whole number >= 1"
+_TOKENS = "a whole number >= 1 (32k = 32,000, 32K = 32,768)"
+# flag -> parser and accepted range; the field of LaunchNumbers is the flag's name. vLLM itself
+# takes 0 and negative numbers for several of these and fails later (or divides by them).
+ARG_RULES: tuple[ArgRule, ...] = (
+    ArgRule("--tensor-parallel-size", int, lambda v: v >= 1, _WHOLE),
+    ArgRule("--pipeline-parallel-size", int, lambda v: v >= 1, _WHOLE),
+    ArgRule("--nnodes", int, lambda v: v >= 1, _WHOLE),
+    ArgRule("--gpu-memory-utilization", float, lambda v: 0 < v <= 1, "a number > 0 and <= 1, e.g. 0.9"),
+    ArgRule("--max-model-len", human_int_or_auto, lambda v: v >= 1 or v == AUTO_LEN, _TOKENS + " or auto"),
+    ArgRule("--max-num-seqs", int, lambda v: v >= 1, _WHOLE),
+    ArgRule("--max-num-batched-tokens", human_int, lambda v: v >= 1, _TOKENS),
+)
+
+
+@dataclass(frozen=True)
+class CheckedArgs:
+    """The launch check's result: the numbers that passed, and one line per refusal."""
+
+    numbers: LaunchNumbers
+    errors: tuple[str, ...] = ()
+
+    def refusal(self) -> str | None:
+        """All refusals on one line, or None when every argument is accepted."""
+        return "; ".join(self.errors) or None
+
+
+def _check_number(rule: ArgRule, raw: str | bool) -> tuple[int | float | None, str | None]:
+    """(value, None) when `raw` is accepted, else (None, the refusal naming the flag)."""
+    if not isinstance(raw, str):
+        return None, f"{rule.flag} needs a value: {rule.accepted}"
+    try:
+        value = rule.parse(raw)
+    except (ValueError, OverflowError):
+        value = None
+    if value is None or not rule.ok(value):
+        return None, f"{rule.flag} {safe_json.short(raw)} is not accepted: {rule.accepted}"
+    return value, None
+
+
+def _model_error(args: VllmArgs) -> str | None:
+    """Why the model argument is missing or empty (a `--config` YAML may name it: not read)."""
+    if args.model:
+        return None
+    what = "a local model directory or a Hugging Face model name"
+    if args.given(MODEL_FLAG):
+        return f"{MODEL_FLAG} needs a value: {what}"
+    if args.model == "":
+        return f"the model (first argument) is empty: {what}"
+    if args.given("--config"):
+        return None
+    return ("no model given: caovan-vllm-serve MODEL [vLLM serve arguments], MODEL a local model "
+            "directory or a Hugging Face model name (first, or as --model)")
+
+
+def check_launch_args(args: VllmArgs, visible_gpus: int) -> CheckedArgs:
+    """Check the user's model and numeric vLLM arguments against ARG_RULES and the GPU count
+    (`visible_gpus`: the facts' visible GPUs; 0 leaves the count to the runtime checks).
+
+    Accepts what vLLM 0.21's parser accepts and refuses, besides what it refuses, what is
+    nonsense (0 or negative sizes, a share of GPU memory outside (0, 1]). Pure."""
+    errors = [e for e in (_model_error(args),) if e]
+    values: dict[str, int | float] = {}
+    for rule in ARG_RULES:
+        if args.given(rule.flag):
+            value, error = _check_number(rule, args.value(rule.flag))  # type: ignore[arg-type]
+            if error:
+                errors.append(error)
+            else:
+                values[rule.flag[2:].replace("-", "_")] = value  # type: ignore[assignment]
+    numbers = LaunchNumbers(**values)  # type: ignore[arg-type]
+    tp, pp = numbers.tensor_parallel_size or 1, numbers.pipeline_parallel_size or 1
+    if visible_gpus and (numbers.nnodes or 1) == 1 and tp * pp > visible_gpus:
+        given = f"--tensor-parallel-size {tp}" + (f" x --pipeline-parallel-size {pp}" if pp > 1 else "")
+        errors.append(f"{given} needs {tp * pp} GPUs, {visible_gpus} are visible: at most {visible_gpus} "
+                      "on one node (CUDA_VISIBLE_DEVICES and the facts decide which are visible)")
+    seqs, batched = numbers.max_num_seqs, numbers.max_num_batched_tokens
+    if seqs is not None and batched is not None and batched < seqs:
+        errors.append(f"--max-num-batched-tokens {batched} is below --max-num-seqs {seqs}: vLLM refuses that; "
+                      "give at least as many batched tokens as sequences")
+    return CheckedArgs(numbers, tuple(errors))
