@@ -88,84 +88,124 @@ def _round_context(tokens: int) -> int:
     return tokens - tokens % CONTEXT_STEP if tokens >= CONTEXT_STEP else tokens - tokens % 16
 
 
-def plan_memory(shape: ModelShape, m: MemoryInputs) -> MemoryPlan:
-    """Choose max-model-len and max-num-seqs that fit (the user's values are kept and checked)."""
-    tp = m.tensor_parallel
+@dataclass(frozen=True)
+class _Sizes:
+    """Per GPU: the KV cache per token, the GDN state per sequence and the state's slots."""
+
+    kv: int
+    state: int
+    slots: int
+
+
+def _sizes(shape: ModelShape, m: MemoryInputs) -> _Sizes:
+    """KV bytes per token and GDN state bytes per sequence on one GPU for these inputs."""
     slots = 1 + m.speculative_tokens
-    kv = kv_bytes_per_token(shape, tp, m.kv_cache_bytes, m.mtp_layers if m.speculative_tokens else 0)
-    state = gdn_state_bytes_per_seq(shape, tp, m.state_conv_bytes, slots)
-    lines: list[str] = []
-    warnings: list[str] = []
-    budget = m.gpu_memory_mib * MIB * m.gpu_memory_utilization
-    lines.append(f"memory: per GPU {m.gpu_memory_mib:,} MiB x gpu-memory-utilization "
-                 f"{m.gpu_memory_utilization:g} = {_mib(budget)} for vLLM")
-    if m.weights_bytes is None:
-        warnings.append("checkpoint size unknown (not a local model directory): max-model-len and "
-                        "max-num-seqs are left to vLLM")
-        return MemoryPlan(None, m.max_model_len, None, kv, state, None, tuple(lines), tuple(warnings))
-    weights = m.weights_bytes / tp
-    lines.append(f"memory: weights {m.weights_bytes:,} B / TP {tp} = {_mib(weights)} per GPU")
-    lines.append(f"memory: headroom {m.headroom_mib:,} MiB per GPU (activations, CUDA graphs, sampler)")
+    kv = kv_bytes_per_token(shape, m.tensor_parallel, m.kv_cache_bytes, m.mtp_layers if m.speculative_tokens else 0)
+    return _Sizes(kv, gdn_state_bytes_per_seq(shape, m.tensor_parallel, m.state_conv_bytes, slots), slots)
+
+
+def _free_lines(m: MemoryInputs, budget: float, weights_bytes: int) -> tuple[float, float, list[str]]:
+    """The weights per GPU, what is left for KV cache and state, and the lines that show it."""
+    tp = m.tensor_parallel
+    weights = weights_bytes / tp
     free = budget - weights - m.headroom_mib * MIB
-    lines.append(f"memory: free for KV cache and state = {_mib(budget)} - {_mib(weights)} - "
-                 f"{m.headroom_mib:,} MiB = {_mib(free)} per GPU")
+    return weights, free, [
+        f"memory: weights {weights_bytes:,} B / TP {tp} = {_mib(weights)} per GPU",
+        f"memory: headroom {m.headroom_mib:,} MiB per GPU (activations, CUDA graphs, sampler)",
+        f"memory: free for KV cache and state = {_mib(budget)} - {_mib(weights)} - "
+        f"{m.headroom_mib:,} MiB = {_mib(free)} per GPU"]
+
+
+def _size_lines(shape: ModelShape, m: MemoryInputs, z: _Sizes) -> list[str]:
+    """The KV-per-token line and, on hybrid models, the GDN-state-per-sequence line."""
+    tp = m.tensor_parallel
     mtp_kv = m.mtp_layers if m.speculative_tokens else 0
     layers_txt = f"{shape.full_attention_layers} full-attention layers" + (
         f" + {mtp_kv} MTP layer{'s' if mtp_kv > 1 else ''}" if mtp_kv else "")
-    lines.append(f"memory: KV per token per GPU = {layers_txt} x 2 (K, V) x "
-                 f"{kv_heads_per_gpu(shape, tp)} KV heads x {shape.head_dim} head dim x "
-                 f"{m.kv_cache_bytes} B = {kv:,} B")
-    if state:
+    lines = [f"memory: KV per token per GPU = {layers_txt} x 2 (K, V) x "
+             f"{kv_heads_per_gpu(shape, tp)} KV heads x {shape.head_dim} head dim x "
+             f"{m.kv_cache_bytes} B = {z.kv:,} B"]
+    if z.state:
         v_heads = (shape.linear_num_value_heads or 0) // tp
         conv_ch = (shape.linear_conv_dim or 0) // tp
         lines.append(
             f"memory: GDN state per sequence per GPU = {shape.linear_attention_layers} linear-attention layers x "
             f"({v_heads} value heads x {shape.linear_key_head_dim} x {shape.linear_value_head_dim} x "
             f"{shape.ssm_state_bytes} B + conv {conv_ch} x {max(0, (shape.linear_conv_kernel_dim or 1) - 1)} x "
-            f"{m.state_conv_bytes} B) x {slots} slot{'s' if slots > 1 else ''}"
+            f"{m.state_conv_bytes} B) x {z.slots} slot{'s' if z.slots > 1 else ''}"
             + (f" (1 + {m.speculative_tokens} speculative)" if m.speculative_tokens else "")
-            + f" = {_mib(state)}")
-    if free <= 0:
-        warnings.append(f"the weights ({_mib(weights)} per GPU) and the headroom do not fit "
-                        f"{_mib(budget)}: use a smaller (quantised) checkpoint or more GPUs (tensor parallel)")
-        return MemoryPlan(False, m.max_model_len, None, kv, state, free / MIB, tuple(lines), tuple(warnings))
+            + f" = {_mib(z.state)}")
+    return lines
 
-    def need(tokens: int, seqs: int) -> float:
-        return seqs * (tokens * kv + state)
 
-    if m.max_model_len is not None:
-        length = m.max_model_len
-        one = need(length, 1)
-        if one > free:
-            warnings.append(f"--max-model-len {length} needs {_mib(one)} per GPU for one sequence, "
-                            f"{_mib(free)} are free: vLLM will refuse to start; lower it or raise "
-                            "gpu-memory-utilization")
-            return MemoryPlan(False, length, m.max_num_seqs if m.seqs_given else None, kv, state,
-                              free / MIB, tuple(lines), tuple(warnings))
-        fit_seqs = int(free // one)
-        seqs = m.max_num_seqs if m.seqs_given else max(1, min(m.max_num_seqs, fit_seqs))
-    else:
-        seqs = max(1, m.max_num_seqs)
-        cap = m.max_model_len_cap
+def _need(z: _Sizes, tokens: int, seqs: int) -> float:
+    """Bytes per GPU for `seqs` sequences of `tokens` tokens."""
+    return seqs * (tokens * z.kv + z.state)
 
-        def longest(s: int) -> int:
-            per_seq = free / s - state
-            return _round_context(int(per_seq // kv)) if kv and per_seq > 0 else 0
 
+def _fit_given_length(m: MemoryInputs, z: _Sizes, free: float) -> tuple[int, int] | str:
+    """(length, sequences) for the user's max-model-len, or the warning when one sequence does not fit."""
+    length = m.max_model_len or 0
+    one = _need(z, length, 1)
+    if one > free:
+        return (f"--max-model-len {length} needs {_mib(one)} per GPU for one sequence, "
+                f"{_mib(free)} are free: vLLM will refuse to start; lower it or raise gpu-memory-utilization")
+    fit_seqs = int(free // one)
+    return length, (m.max_num_seqs if m.seqs_given else max(1, min(m.max_num_seqs, fit_seqs)))
+
+
+def _fit_longest(m: MemoryInputs, z: _Sizes, free: float) -> tuple[int, int]:
+    """(length, sequences): the longest context for the target sequences, trading sequences
+    (when not given) for a context of at least MIN_USEFUL_CONTEXT; length 0 when none fits."""
+    seqs = max(1, m.max_num_seqs)
+    cap = m.max_model_len_cap
+
+    def longest(s: int) -> int:
+        per_seq = free / s - z.state
+        return _round_context(int(per_seq // z.kv)) if z.kv and per_seq > 0 else 0
+
+    length = longest(seqs)
+    while not m.seqs_given and seqs > 1 and length < min(MIN_USEFUL_CONTEXT, cap or MIN_USEFUL_CONTEXT):
+        seqs -= 1  # rather fewer sequences than a context too short to use
         length = longest(seqs)
-        while not m.seqs_given and seqs > 1 and length < min(MIN_USEFUL_CONTEXT, cap or MIN_USEFUL_CONTEXT):
-            seqs -= 1  # rather fewer sequences than a context too short to use
-            length = longest(seqs)
+    if length > 0 and cap is not None and length >= cap:
+        length = cap
+    return length, seqs
+
+
+def plan_memory(shape: ModelShape, m: MemoryInputs) -> MemoryPlan:
+    """Choose max-model-len and max-num-seqs that fit (the user's values are kept and checked)."""
+    z = _sizes(shape, m)
+    budget = m.gpu_memory_mib * MIB * m.gpu_memory_utilization
+    lines = [f"memory: per GPU {m.gpu_memory_mib:,} MiB x gpu-memory-utilization "
+             f"{m.gpu_memory_utilization:g} = {_mib(budget)} for vLLM"]
+
+    def plan(fits: bool | None, length: int | None, seqs: int | None, free: float | None, *warnings: str) -> MemoryPlan:
+        return MemoryPlan(fits, length, seqs, z.kv, z.state, free, tuple(lines), tuple(warnings))
+
+    if m.weights_bytes is None:
+        return plan(None, m.max_model_len, None, None, "checkpoint size unknown (not a local model directory): "
+                    "max-model-len and max-num-seqs are left to vLLM")
+    weights, free, free_lines = _free_lines(m, budget, m.weights_bytes)
+    lines += free_lines + _size_lines(shape, m, z)
+    if free <= 0:
+        return plan(False, m.max_model_len, None, free / MIB,
+                    f"the weights ({_mib(weights)} per GPU) and the headroom do not fit "
+                    f"{_mib(budget)}: use a smaller (quantised) checkpoint or more GPUs (tensor parallel)")
+    if m.max_model_len is not None:
+        fitted = _fit_given_length(m, z, free)
+        if isinstance(fitted, str):
+            return plan(False, m.max_model_len, m.max_num_seqs if m.seqs_given else None, free / MIB, fitted)
+        length, seqs = fitted
+    else:
+        length, seqs = _fit_longest(m, z, free)
         if length <= 0:
-            warnings.append(f"{seqs} sequence state(s) alone ({_mib(seqs * state)}) do not fit {_mib(free)}: "
-                            "lower max-num-seqs or use more GPUs")
-            return MemoryPlan(False, None, seqs, kv, state, free / MIB, tuple(lines), tuple(warnings))
-        if cap is not None and length >= cap:
-            length = cap
-    total = need(length, seqs)
+            return plan(False, None, seqs, free / MIB, f"{seqs} sequence state(s) alone ({_mib(seqs * z.state)}) "
+                        f"do not fit {_mib(free)}: lower max-num-seqs or use more GPUs")
+    total = _need(z, length, seqs)
     verdict = "fits" if total <= free else "does not fit at once (vLLM queues or preempts the rest)"
-    lines.append(f"memory: {seqs} sequence{'s' if seqs > 1 else ''} x ({length:,} tokens x {kv:,} B"
-                 + (f" + {_mib(state)}" if state else "") + f") = {_mib(total)} of {_mib(free)}: {verdict}")
+    lines.append(f"memory: {seqs} sequence{'s' if seqs > 1 else ''} x ({length:,} tokens x {z.kv:,} B"
+                 + (f" + {_mib(z.state)}" if z.state else "") + f") = {_mib(total)} of {_mib(free)}: {verdict}")
     if m.max_model_len is None and m.max_model_len_cap is not None and length == m.max_model_len_cap:
         lines.append(f"memory: max-model-len {length:,} is the upper bound (the model's or the profile's limit)")
-    return MemoryPlan(total <= free, length, seqs, kv, state, free / MIB, tuple(lines), tuple(warnings))
+    return plan(total <= free, length, seqs, free / MIB)
