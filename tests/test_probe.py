@@ -100,3 +100,108 @@ def test_load_facts_prefers_the_named_file(write_facts):
     from conftest import facts_dict
     p = write_facts(facts_dict())
     assert probe_mod.load_facts(str(p)).sm75_count == 2
+
+
+# The host fields (issue 18): each NVML call may be missing or fail; the value is then unknown.
+import pynvml as _real  # noqa: E402  (the real error classes, raised by the fake below)
+
+
+class _HostNvml(_FakeNvml):
+    """_FakeNvml plus the host calls; `values[name][nvml_index]` is a return value or an exception."""
+
+    NVMLError_NotSupported = _real.NVMLError_NotSupported
+    NVML_NVLINK_MAX_LINKS = 18
+
+    def __init__(self, gpus, values):
+        super().__init__(gpus)
+        self.p2p_calls = []
+        for name, per in values.items():
+            setattr(self, name, self._answer(per))
+
+    @staticmethod
+    def _answer(per):
+        def call(h, *rest):
+            v = per(h, *rest) if callable(per) else per[h]
+            if isinstance(v, BaseException):
+                raise v
+            return v
+        return call
+
+
+TWO = [("NVIDIA GeForce RTX 2080 Ti", (7, 5), 22528, f"GPU-{i}") for i in range(3)]
+GOOD = {
+    "nvmlDeviceGetCurrPcieLinkGeneration": [1, 1, 3],
+    "nvmlDeviceGetMaxPcieLinkGeneration": [3, 3, 3],
+    "nvmlDeviceGetCurrPcieLinkWidth": [16, 4, 8],
+    "nvmlDeviceGetMaxPcieLinkWidth": [16, 16, 8],
+    "nvmlDeviceGetPowerManagementLimit": [250000, 200000, 260500],
+    "nvmlDeviceGetPowerManagementDefaultLimit": [250000, 250000, 250000],
+    "nvmlDeviceGetPersistenceMode": [1, 0, 1],
+    "nvmlDeviceGetCurrentClocksEventReasons": [0x1, 0x4 | 0x40, 0],
+    # two links on GPU 0 then a link number past the board's; no NVLink on 1; lost GPU 2
+    "nvmlDeviceGetNvLinkState": lambda h, link: (
+        (1 if link < 2 else _real.NVMLError(_real.NVML_ERROR_INVALID_ARGUMENT)) if h == 0
+        else _real.NVMLError_NotSupported() if h == 1 else _real.NVMLError(_real.NVML_ERROR_GPU_IS_LOST)),
+    "nvmlDeviceGetP2PStatus": lambda a, b, cap: (
+        TypeError("the caps index must be an int") if cap != 0 else 0 if {a, b} == {0, 1} else 3),
+}
+
+
+def test_host_fields_from_nvml(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", _HostNvml(TWO, GOOD))
+    f = probe_mod.probe({})
+    g0, g1, g2 = f.gpus
+    assert (g0.pcie_gen, g0.pcie_gen_max, g0.pcie_width, g0.pcie_width_max) == (1, 3, 16, 16)
+    assert (g1.pcie_width, g1.pcie_width_max, g2.pcie_width) == (4, 16, 8)
+    assert (g0.power_limit_w, g0.power_limit_default_w, g1.power_limit_w, g2.power_limit_w) == (250.0, 250.0, 200.0, 260.5)
+    assert [g.persistence_mode for g in f.gpus] == [True, False, True]
+    assert [g.throttle_reasons for g in f.gpus] == [["gpu_idle"], ["sw_power_cap", "hw_thermal_slowdown"], []]
+    assert [g.nvlink_active_links for g in f.gpus] == [2, 0, None]
+    assert g0.p2p_read == {"1": "ok", "2": "ioh_topology_not_supported"}
+    assert g2.p2p_read == {"0": "ioh_topology_not_supported", "1": "ioh_topology_not_supported"}
+    assert f.notes == []  # unsupported host fields are unknown, never a note
+
+
+def test_p2p_is_keyed_by_cuda_index_under_visible_devices(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", _HostNvml(TWO, GOOD))
+    f = probe_mod.probe({"CUDA_VISIBLE_DEVICES": "2,0"})
+    assert f.gpus[0].p2p_read == {"1": "ioh_topology_not_supported"} and f.gpus[1].pcie_width == 16
+    assert f.gpus[0].extra == {"nvml_index": 2}
+
+
+@pytest.mark.parametrize("error", [_real.NVMLError_NotSupported(), _real.NVMLError_FunctionNotFound(),
+                                   _real.NVMLError_NoPermission(), RuntimeError("driver gone")])
+def test_failing_host_calls_are_unknown(monkeypatch, error):
+    failing = {name: (lambda *a, e=error: e) for name in GOOD}
+    failing["nvmlDeviceGetCurrentClocksThrottleReasons"] = lambda *a, e=error: e
+    monkeypatch.setitem(sys.modules, "pynvml", _HostNvml(TWO, failing))
+    f = probe_mod.probe({})
+    for g in f.gpus:
+        assert (g.pcie_gen, g.pcie_gen_max, g.pcie_width, g.pcie_width_max) == (None,) * 4
+        assert (g.power_limit_w, g.power_limit_default_w, g.persistence_mode) == (None,) * 3
+        assert g.throttle_reasons is None and g.p2p_read is None
+        # NVLink "not supported" means no active link; any other failure leaves it unknown
+        assert g.nvlink_active_links == (0 if isinstance(error, _real.NVMLError_NotSupported) else None)
+    assert len(f.gpus) == 3 and f.notes == [] and f.gpus[0].memory_total_mib == 22528
+
+
+def test_missing_host_functions_and_the_older_throttle_call(monkeypatch):
+    fake = _HostNvml(TWO, {"nvmlDeviceGetCurrentClocksThrottleReasons": [0x8, 0x20, 0x80]})
+    monkeypatch.setitem(sys.modules, "pynvml", fake)  # an old nvidia-ml-py: no other host call
+    f = probe_mod.probe({})
+    assert [g.throttle_reasons for g in f.gpus] == [["hw_slowdown"], ["sw_thermal_slowdown"],
+                                                    ["hw_power_brake_slowdown"]]
+    assert all(g.pcie_width is None and g.nvlink_active_links is None and g.p2p_read is None for g in f.gpus)
+
+
+@pytest.mark.parametrize("bad", [-1, 2**70, True, "16", 16.0, None, b"1"])
+def test_odd_nvml_values_are_unknown(monkeypatch, bad):
+    odd = {name: [bad] * 3 for name in GOOD if name not in ("nvmlDeviceGetNvLinkState", "nvmlDeviceGetP2PStatus")}
+    odd["nvmlDeviceGetP2PStatus"] = lambda a, b, cap: bad
+    odd["nvmlDeviceGetNvLinkState"] = lambda h, link: bad
+    monkeypatch.setitem(sys.modules, "pynvml", _HostNvml(TWO, odd))
+    g = probe_mod.probe({}).gpus[0]
+    assert (g.pcie_gen, g.pcie_gen_max, g.pcie_width, g.pcie_width_max) == (None,) * 4
+    assert (g.power_limit_w, g.power_limit_default_w, g.persistence_mode) == (None,) * 3
+    assert g.p2p_read is None and g.throttle_reasons is None
+    assert g.nvlink_active_links is None
