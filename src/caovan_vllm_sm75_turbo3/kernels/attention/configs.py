@@ -1,0 +1,62 @@
+"""Launch configurations of the paged attention kernel, pinned per (head dim, KV format).
+
+Two shapes per pair, picked on the host from `max_seqlen_q` alone (no autotuning, no device read):
+`decode` for calls whose longest query fits its BLOCK_Q (decode, speculative verify), `prefill`
+otherwise. BLOCK_M is the mma's M: the query rows of a program are (token, GQA head) pairs of one
+KV head, so a decode step still fills M >= 16 with the query heads sharing that KV head. Every
+entry is checked to build for sm_75 with the Turbo rewrite in <= 64 KiB of shared memory and
+without spills (tests/test_attention_sm75_fit.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+HEAD_DIMS = (128, 256)
+# KV cache formats: fp16 as it is, or fp8 bytes widened to fp16 in registers by integer bit work.
+KV_FORMATS = ("fp16", "fp8_e4m3", "fp8_e5m2")
+FORMAT_CODE = {"fp16": 0, "fp8_e4m3": 1, "fp8_e5m2": 2}  # the kernel's KV_FMT constexpr
+
+# Split-KV (flash-decoding): when the (query block, KV head) programs cannot fill the GPU, each one's
+# keys are shared among NUM_SPLITS programs and a second kernel merges their partial softmaxes.
+TARGET_PROGRAMS_PER_SM = 2
+MAX_SPLITS = 64
+MIN_KEYS_PER_SPLIT = 512  # below this a split's fixed cost (Q load, partial write, merge) dominates
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """One kernel shape: BLOCK_M query rows x TILE_N keys per step, by `num_warps` warps."""
+
+    block_m: int
+    tile_n: int
+    num_warps: int
+
+
+# (head dim, KV format) -> config. fp8 tiles are widened in registers before the products, so they
+# cost the same shared memory as fp16 ones once converted.
+DECODE: dict[tuple[int, str], AttentionConfig] = {
+    (d, f): AttentionConfig(block_m=16, tile_n=64 if d == 128 else 32, num_warps=4)
+    for d in HEAD_DIMS for f in KV_FORMATS
+}
+PREFILL: dict[tuple[int, str], AttentionConfig] = {
+    (d, f): AttentionConfig(block_m=64, tile_n=64 if d == 128 else 32, num_warps=4 if d == 128 else 8)
+    for d in HEAD_DIMS for f in KV_FORMATS
+}
+
+
+def select(head_dim: int, kv_format: str, group: int, max_seqlen_q: int) -> AttentionConfig:
+    """The pinned config for a call: decode when every query fits one program's rows, else prefill.
+
+    `group` is the GQA ratio (query heads per KV head); BLOCK_M grows to a power of two >= group.
+    """
+    for table in (DECODE, PREFILL):
+        cfg = table[(head_dim, kv_format)]
+        block_m = max(cfg.block_m, _pow2(group))
+        if max_seqlen_q <= block_m // group or table is PREFILL:
+            return AttentionConfig(block_m, cfg.tile_n, cfg.num_warps)
+    raise AssertionError("unreachable")
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
