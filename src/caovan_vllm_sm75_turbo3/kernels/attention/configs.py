@@ -34,13 +34,16 @@ class AttentionConfig:
 
 
 # (head dim, KV format) -> config. fp8 tiles are widened in registers before the products, so they
-# cost the same shared memory as fp16 ones once converted.
+# need the same operand registers as fp16 ones. Decode: 16 rows (one token's GQA heads, or a few
+# tokens' at small G) by 4 warps. Prefill: 64 rows by 8 warps; with 4 warps the head-dim-128 build
+# spilled (16-104 bytes at 255 registers) and 128 rows spilled for fp8 e4m3, so 64 x 8 warps it is.
+# Key tiles: 64 for head dim 128, 32 for 256 (the [BLOCK_M, 256] fp32 accumulator leaves less room).
 DECODE: dict[tuple[int, str], AttentionConfig] = {
     (d, f): AttentionConfig(block_m=16, tile_n=64 if d == 128 else 32, num_warps=4)
     for d in HEAD_DIMS for f in KV_FORMATS
 }
 PREFILL: dict[tuple[int, str], AttentionConfig] = {
-    (d, f): AttentionConfig(block_m=64, tile_n=64 if d == 128 else 32, num_warps=4 if d == 128 else 8)
+    (d, f): AttentionConfig(block_m=64, tile_n=64 if d == 128 else 32, num_warps=8)
     for d in HEAD_DIMS for f in KV_FORMATS
 }
 

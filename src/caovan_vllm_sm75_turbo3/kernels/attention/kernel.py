@@ -27,7 +27,7 @@ import triton.language as tl
 from .configs import FORMAT_CODE, MAX_SPLITS, MIN_KEYS_PER_SPLIT, TARGET_PROGRAMS_PER_SM, AttentionConfig, select
 from .inputs import check_inputs, check_vllm_extras
 
-LOG2E = 1.4426950408889634
+LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
@@ -174,15 +174,17 @@ def _merge_kernel(out, part_o, part_m, part_l, cu_q, num_seqs, so_tok, so_head,
     if tok >= tl.load(cu_q + num_seqs):
         return  # a padding token past the last sequence: no program wrote partials for it
     base = (tok.to(tl.int64) * tl.num_programs(1) + h) * NUM_SPLITS
-    offs_s = tl.arange(0, NUM_SPLITS)
     offs_d = tl.arange(0, HEAD_DIM)
-    m = tl.load(part_m + base + offs_s)
-    l = tl.load(part_l + base + offs_s)
-    m_max = tl.max(m, 0)
-    w = tl.exp2(m - tl.where(m_max == float("-inf"), 0.0, m_max))  # splits that saw no key weigh 0
-    total = tl.sum(w * l, 0)
-    o = tl.load(part_o + (base + offs_s)[:, None] * HEAD_DIM + offs_d[None, :])
-    o = tl.sum(o * w[:, None], 0) / tl.where(total > 0, total, 1.0)
+    m_max = tl.max(tl.load(part_m + base + tl.arange(0, NUM_SPLITS)), 0)
+    m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
+    # One split at a time, so registers stay at one row of HEAD_DIM whatever NUM_SPLITS is.
+    total = 0.0
+    o = tl.zeros([HEAD_DIM], dtype=tl.float32)
+    for i in range(NUM_SPLITS):
+        w = tl.exp2(tl.load(part_m + base + i) - m_max)  # a split that saw no key (m = -inf) weighs 0
+        total += w * tl.load(part_l + base + i)
+        o += w * tl.load(part_o + (base + i) * HEAD_DIM + offs_d)
+    o = o / tl.where(total > 0, total, 1.0)
     tl.store(out + tok * so_tok + h * so_head + offs_d, o.to(tl.float16))
 
 
