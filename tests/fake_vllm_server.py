@@ -13,6 +13,10 @@ vllm/entrypoints/openai/*/protocol.py and serve/tokenize/protocol.py; written he
   for `/v1/*` when an API key is set (as vLLM's AuthenticationMiddleware; /health and /tokenize are open).
 - The port is bound at once but listens only after `listen_after_s`, as vLLM binds early and
   listens once the engine is up: until then connections are refused.
+- Paced streams (the bench tests, `pace_tok_s` > 0): the first token after `first_token_delay_s` plus
+  the prompt at `prefill_tok_s`, then `tokens_per_chunk` tokens per SSE chunk at `pace_tok_s`, as
+  speculative decoding sends them; `GET /metrics` then serves vLLM's spec-decode counters (two
+  engines, each step proposing `spec_tokens` drafts and accepting all but the bonus token of its chunk).
 
 Its tokenizer is a toy: a word of up to 5 letters is one token, a longer word two, each
 punctuation mark one, each chat-template marker one. Faults are picked per warmup step through
@@ -61,6 +65,12 @@ class FakeConfig:
     drip_s: float = 0.1  # seconds between the bytes of a "drip" / "slow-headers" reply
     health_fault: str = ""  # a SLOW_FAULTS entry: GET /health answers that way
     faults: dict[str, str] = field(default_factory=dict)
+    pace_tok_s: float = 0.0  # > 0: streams are paced (see the module doc)
+    first_token_delay_s: float = 0.0
+    prefill_tok_s: float = 0.0  # > 0: the first token also waits prompt tokens / this
+    tokens_per_chunk: int = 1
+    spec_tokens: int = 0  # > 0: GET /metrics serves spec-decode counters
+    stream_usage: bool = True  # False: no usage chunk even when include_usage asks for it
 
     def __post_init__(self) -> None:
         unknown = set(self.faults.values()) - set(FAULTS)
@@ -111,6 +121,7 @@ class FakeVllm:
         self._lock = threading.Lock()
         self._released = threading.Event()  # set at stop: hanging handlers give up
         self._cache: set[tuple[int, ...]] = set()
+        self.spec = {"accepted": 0, "draft": 0, "drafts": 0}  # spec-decode counters of paced streams
         self._serving = False
         self._state = threading.Lock()  # start and stop may race: a server stopped early never listens
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self), bind_and_activate=False)
@@ -227,6 +238,8 @@ def _make_handler(server: FakeVllm) -> type[BaseHTTPRequestHandler]:
                 self._slow(cfg.health_fault)
             elif self.path == "/health":
                 self._send_empty(cfg.health_status)
+            elif self.path == "/metrics" and cfg.spec_tokens:
+                self._metrics()
             elif self.path == "/v1/models":
                 now = int(time.time())
                 self._send_json(200, {"object": "list", "data": [
@@ -269,6 +282,61 @@ def _make_handler(server: FakeVllm) -> type[BaseHTTPRequestHandler]:
                         server.spans.append((rid, began, time.monotonic()))
             else:
                 self._send_json(404, {"detail": "Not Found"})
+
+        def _metrics(self) -> None:
+            """vLLM's Prometheus text: the counters split over two engines, and a per-position decoy."""
+            with server._lock:
+                spec = dict(server.spec)
+            lines = []
+            for key, name in (("accepted", "accepted_tokens"), ("draft", "draft_tokens"), ("drafts", "drafts")):
+                metric = f"vllm:spec_decode_num_{name}_total"
+                lines += [f"# HELP {metric} Number of {name}.", f"# TYPE {metric} counter"]
+                half = spec[key] // 2
+                for engine, value in (("0", half), ("1", spec[key] - half)):
+                    lines.append(f'{metric}{{engine="{engine}",model_name="{cfg.models[0]}"}} {float(value)}')
+            lines.append(f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",position="0"}} 99999.0')
+            raw = ("\n".join(lines) + "\n").encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+        def _paced(self, model: str, words: list[str], usage: dict[str, Any], finish: str, n_prompt: int,
+                   include_usage: bool) -> None:
+            """A stream at a known pace, several tokens per chunk after the first (speculative decoding)."""
+            began = time.monotonic()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            base = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
+            self._sse({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                            "logprobs": None, "finish_reason": None}]})
+            first = began + cfg.first_token_delay_s + (n_prompt / cfg.prefill_tok_s if cfg.prefill_tok_s else 0.0)
+            pieces = [words[:1]] + [words[i:i + cfg.tokens_per_chunk]
+                                    for i in range(1, len(words), cfg.tokens_per_chunk)]
+            sent = 0
+            for piece in pieces:
+                if not piece:
+                    continue
+                # An absolute schedule: a late wake-up does not push every later chunk back.
+                due = first + max(0, sent + len(piece) - 1) / cfg.pace_tok_s if sent else first
+                time.sleep(max(0.0, due - time.monotonic()))
+                self._sse({**base, "choices": [{"index": 0, "delta": {"content": "".join(piece)}, "logprobs": None,
+                                                "finish_reason": None}]})
+                if sent and cfg.spec_tokens:
+                    with server._lock:
+                        server.spec["accepted"] += len(piece) - 1
+                        server.spec["draft"] += cfg.spec_tokens
+                        server.spec["drafts"] += 1
+                sent += len(piece)
+            self._sse({**base, "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish,
+                                            "stop_reason": None}]})
+            if include_usage and cfg.stream_usage:
+                self._sse({**base, "choices": [], "usage": usage})
+            self._sse(b"[DONE]")
+            self._chunk(b"")
 
         def _tokenize(self, body: dict[str, Any]) -> None:
             if body.get("model") not in (None, *cfg.models):
@@ -332,6 +400,10 @@ def _make_handler(server: FakeVllm) -> type[BaseHTTPRequestHandler]:
             thinking = (chat and cfg.reasoning_parser
                         and (body.get("chat_template_kwargs") or {}).get("enable_thinking", True) is not False)
             tool_call = chat and cfg.tool_parser and body.get("tools") and body.get("tool_choice", "auto") != "none"
+            if chat and body.get("stream") and cfg.pace_tok_s:
+                self._paced(model, words, usage, finish, len(prompt),
+                            bool((body.get("stream_options") or {}).get("include_usage")))
+                return
             if chat and body.get("stream"):
                 self._stream(body, model, words, usage, finish, fault, thinking)
                 return

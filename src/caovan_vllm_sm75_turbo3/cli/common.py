@@ -10,13 +10,14 @@ and exit 1. A closed standard output (`>&-`) is not an error: the output is drop
 
 from __future__ import annotations
 
+import argparse
 import errno
 import json
 import math
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 from ..errors import CaovanError
 
@@ -124,3 +125,37 @@ def json_text(value: Any, indent: int | None = 2) -> str:
 def print_json(value: Any, indent: int | None = 2) -> None:
     """Print `value` as strict JSON on standard output (see `json_text`)."""
     print(json_text(value, indent))
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Refusals are one line (`prog: error: ...`, exit 2), without the usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {' '.join(message.split())} (see --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+def whole_number(minimum: int, maximum: int) -> Callable[[str], int]:
+    """An argparse type: a whole number from `minimum` to `maximum`, anything else refused in one line."""
+    def parse(raw: str) -> int:
+        try:
+            value = int(raw)
+        except ValueError:
+            value = minimum - 1
+        if not minimum <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"{raw!r} is not accepted: a whole number >= {minimum} and <= {maximum}")
+        return value
+    return parse
+
+
+def seconds(maximum: float) -> Callable[[str], float]:
+    """An argparse type: a finite number of seconds above 0 and at most `maximum` (no inf, nan, 0, negatives)."""
+    def parse(raw: str) -> float:
+        try:
+            value = float(raw)
+        except ValueError:
+            value = -1.0
+        if not (math.isfinite(value) and 0 < value <= maximum):
+            raise argparse.ArgumentTypeError(f"{raw!r} is not accepted: a number of seconds > 0 and <= {maximum}")
+        return value
+    return parse

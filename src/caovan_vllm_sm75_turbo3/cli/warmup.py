@@ -9,7 +9,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from typing import IO, Any, NoReturn
+from typing import IO, Any
 
 from .. import __version__
 from ..warmup.client import api_key_from, normalize_api_base
@@ -17,7 +17,7 @@ from ..warmup.ladder import (MAX_SECONDS, LadderConfig, Step, build_ladder, chec
                              warm_pass)
 from ..warmup.report import FAILED, OK, SKIPPED, ServerReport, StepResult
 from ..warmup.runner import WarmupOptions, warm_fleet
-from .common import run_cli
+from .common import OneLineParser, run_cli, seconds, whole_number
 
 PROG = "caovan-sm75-warmup"
 DEFAULT_API_BASE = "http://127.0.0.1:8000"
@@ -28,38 +28,11 @@ MAX_TOKENS = 1 << 24
 MAX_SEQS = 1024
 
 
-def _whole(minimum: int, maximum: int):
-    def parse(raw: str) -> int:
-        try:
-            value = int(raw)
-        except ValueError:
-            value = minimum - 1
-        if not minimum <= value <= maximum:
-            raise argparse.ArgumentTypeError(f"{raw!r} is not accepted: a whole number >= {minimum} and <= {maximum}")
-        return value
-    return parse
-
-
-def _seconds(raw: str) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not (math.isfinite(value) and 0 < value <= MAX_SECONDS):
-        raise argparse.ArgumentTypeError(f"{raw!r} is not accepted: a number of seconds > 0 and <= {MAX_SECONDS}")
-    return value
-
-
-class _Parser(argparse.ArgumentParser):
-    """Refusals are one line (`prog: error: ...`, exit 2), without the usage block."""
-
-    def error(self, message: str) -> NoReturn:
-        print(f"{self.prog}: error: {' '.join(message.split())} (see --help)", file=sys.stderr)
-        sys.exit(2)
+_seconds = seconds(MAX_SECONDS)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = OneLineParser(
         prog=PROG,
         description="Wait until a vLLM server is up (port open, GET /health 200, model listed), then send a "
                     "ladder of requests one at a time so that all first-request JIT (Triton, torch.compile, "
@@ -73,12 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", metavar="NAME", help="served model name; omitted: the only model the server lists")
     p.add_argument("--api-key", metavar="KEY",
                    help="bearer key the server was started with (default: $VLLM_API_KEY, then $OPENAI_API_KEY)")
-    p.add_argument("--max-num-batched-tokens", type=_whole(16, MAX_TOKENS), default=8192, metavar="N",
+    p.add_argument("--max-num-batched-tokens", type=whole_number(16, MAX_TOKENS), default=8192, metavar="N",
                    help="the server's --max-num-batched-tokens: prefill prompts go up to and past it "
                         "(default: %(default)s)")
-    p.add_argument("--max-num-seqs", type=_whole(1, MAX_SEQS), default=2, metavar="N",
+    p.add_argument("--max-num-seqs", type=whole_number(1, MAX_SEQS), default=2, metavar="N",
                    help="the server's --max-num-seqs: concurrency goes from 1 up to it (default: %(default)s)")
-    p.add_argument("--decode-tokens", type=_whole(1, MAX_TOKENS), default=256, metavar="N",
+    p.add_argument("--decode-tokens", type=whole_number(1, MAX_TOKENS), default=256, metavar="N",
                    help="tokens of the long decode step (MTP draft/verify) (default: %(default)s)")
     p.add_argument("--wait", type=_seconds, default=1800.0, metavar="SECONDS",
                    help="how long to wait for the server to become ready (default: %(default)g)")
