@@ -21,15 +21,14 @@ esac
 
 if [ "$lane" = fast ]; then
   VENV=${CAOVAN_TEST_FAST_VENV:-.venv-fast}
-  SELECT=(-m "not vllm and not torch and not triton_compile")
+  LANE_ARGS=(-m "not vllm and not torch and not triton_compile")
   if [ ! -x "$VENV/bin/python" ]; then
     echo "== creating $VENV (this project and its test extras only)"
     "$PY" -m venv "$VENV"
   fi
 else
   VENV=${CAOVAN_TEST_VENV:-.venv}
-  SELECT=()
-  export CAOVAN_TEST_FULL=1  # tests/conftest.py: a missing vLLM, torch or Triton is an error here, not a skip
+  LANE_ARGS=(--full-lane)  # tests/conftest.py: a missing vLLM, torch or Triton is an error here, not a skip
   if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import importlib.metadata as m; assert m.version('vllm') == '0.21.0'" 2>/dev/null; then
     echo "== creating $VENV with vllm==0.21.0 (about 5 minutes, 8 GB)"
     "$PY" -m venv "$VENV"
@@ -39,4 +38,4 @@ fi
 "$VENV/bin/pip" install -q -e ".[test]"
 echo "== running the $lane tests"
 # pytest's exit status is ours: 5 (no test collected) fails CI like a failing test.
-exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider -rs "${SELECT[@]}" "$@"
+exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider -rs "${LANE_ARGS[@]}" "$@"
