@@ -80,7 +80,8 @@ def check_pcie(f: Facts) -> CheckResult | None:
     narrow = [g for g in known if len(f.gpus) > 1 and slot[g.index] <= narrow_max]
     links = _gpu_list([_link(g) for g in known])
     if not degraded and not narrow:
-        return CheckResult("gpu-pcie-link", Status.PASS, f"PCIe {links} (a current gen below the max is idle power saving)")
+        return CheckResult("gpu-pcie-link", Status.PASS,
+                           f"PCIe {links} (a current gen below the max is idle power saving)")
     keys = (["gpu-pcie-narrow"] if narrow else []) + (["gpu-pcie-degraded"] if degraded else [])
     return _warn("gpu-pcie-link", f"PCIe {links}", *keys)
 
@@ -111,7 +112,8 @@ def check_persistence(f: Facts) -> CheckResult | None:
         return None
     off = [str(g.index) for g in known if not g.persistence_mode]
     if not off:
-        return CheckResult("gpu-persistence", Status.PASS, f"persistence mode on (GPU {', '.join(str(g.index) for g in known)})")
+        on = ", ".join(str(g.index) for g in known)
+        return CheckResult("gpu-persistence", Status.PASS, f"persistence mode on (GPU {on})")
     return _warn("gpu-persistence", f"persistence mode off on GPU {', '.join(off)}", "gpu-persistence")
 
 

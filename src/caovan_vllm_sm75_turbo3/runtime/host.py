@@ -101,17 +101,23 @@ def _watts(milliwatts: Any) -> float | None:
 def nvlink_active_links(nvml: Any, handle: Any) -> int | None:
     """Active NVLink links: 0 where NVLink is not supported, None where the answer is unknown."""
     fn = getattr(nvml, "nvmlDeviceGetNvLinkState", None)
-    if fn is None:
+    links = _whole(getattr(nvml, "NVML_NVLINK_MAX_LINKS", None), 1, _MAX_NVLINKS)
+    if fn is None or links is None:
         return None
-    not_supported = getattr(nvml, "NVMLError_NotSupported", ())
+    not_supported = getattr(nvml, "NVMLError_NotSupported", None)
+    if not (isinstance(not_supported, type) and issubclass(not_supported, BaseException)):
+        not_supported = ()  # catches nothing: every failure then reads as unknown
     active = 0
-    for link in range(min(_whole(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 0), 0, _MAX_NVLINKS) or 0, _MAX_NVLINKS)):
+    for link in range(links):
         try:
-            active += fn(handle, link) == _NVML_FEATURE_ENABLED
+            state = _whole(fn(handle, link), 0, 1)
         except not_supported:
             break  # no NVLink here, or no link with this number: the count so far is the answer
         except Exception:  # a link number past the board's (InvalidArgument), or a failure
             return active if link else None
+        if state is None:
+            return None
+        active += state == _NVML_FEATURE_ENABLED
     return active
 
 
@@ -128,7 +134,7 @@ def gpu_fields(nvml: Any, handle: Any) -> dict[str, Any]:
     """The GpuFact host fields of one GPU (a key per field, None where unknown)."""
     def get(name: str) -> Any:
         return _call(getattr(nvml, name, None), handle)
-    persistence = get("nvmlDeviceGetPersistenceMode")
+    persistence = _whole(get("nvmlDeviceGetPersistenceMode"), 0, 1)
     return {
         "pcie_gen": _whole(get("nvmlDeviceGetCurrPcieLinkGeneration"), 1, 32),
         "pcie_gen_max": _whole(get("nvmlDeviceGetMaxPcieLinkGeneration"), 1, 32),
@@ -136,7 +142,7 @@ def gpu_fields(nvml: Any, handle: Any) -> dict[str, Any]:
         "pcie_width_max": _whole(get("nvmlDeviceGetMaxPcieLinkWidth"), 1, 64),
         "power_limit_w": _watts(get("nvmlDeviceGetPowerManagementLimit")),
         "power_limit_default_w": _watts(get("nvmlDeviceGetPowerManagementDefaultLimit")),
-        "persistence_mode": persistence == _NVML_FEATURE_ENABLED if persistence in (0, 1) else None,
+        "persistence_mode": None if persistence is None else persistence == _NVML_FEATURE_ENABLED,
         "nvlink_active_links": nvlink_active_links(nvml, handle),
         "throttle_reasons": throttle_reasons(nvml, handle)}
 
@@ -149,7 +155,7 @@ def p2p_read(nvml: Any, handles: Sequence[Any]) -> list[dict[str, str] | None]:
     for i, h in enumerate(handles):
         peers = {}
         for j, other in enumerate(handles):
-            status = _call(fn, h, other, _P2P_CAPS_INDEX_READ) if i != j else None
+            status = _whole(_call(fn, h, other, _P2P_CAPS_INDEX_READ), 0, 255) if i != j else None
             if status in P2P_STATUSES:
                 peers[str(j)] = P2P_STATUSES[status]
         out.append(peers or None)
