@@ -8,12 +8,14 @@ build raises `TurboBuildError` here instead of falling back.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from .hook import installed, kernel_identity
 from .pipeline import TurboBuildError
+from .protocol import triton_ptxas_extra
 from .resources import entry_name, fma_count, mma_count, run_ptxas
 
 SM75 = 75
@@ -60,12 +62,13 @@ def jit_function(fn: Any) -> Any:
     A kernel decorated while TRITON_INTERPRET=1 is an InterpretedFunction; it is rebuilt as a
     JITFunction from the same Python function, so it can still be compiled.
     """
-    from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
 
+    # Only a process that ran the interpreter has it loaded (it needs numpy, a compile does not).
+    interpreter = sys.modules.get("triton.runtime.interpreter")
     seen = 0
     while not isinstance(fn, JITFunction):
-        if isinstance(fn, InterpretedFunction):
+        if interpreter is not None and isinstance(fn, interpreter.InterpretedFunction):
             return JITFunction(fn.fn, do_not_specialize=fn.kwargs.get("do_not_specialize"))
         fn = getattr(fn, "fn", None)
         seen += 1
@@ -115,7 +118,7 @@ def _compile(triton: Any, GPUTarget: Any, ASTSource: Any, fn: Any, signature: Ma
     else:
         kernel = triton.compile(src, target=target, options=options)
     ptx = kernel.asm["ptx"]
-    _, report = run_ptxas(ptx, arch=SM75)
+    _, report = run_ptxas(ptx, arch=SM75, extra=triton_ptxas_extra())   # as Triton assembles it
     return CompiledInfo(
         name=jit.__name__, build="turbo" if turbo else "plain", ptx=ptx, cubin=kernel.asm["cubin"],
         shared_bytes=int(kernel.metadata.shared or 0), registers=report.registers,

@@ -1,12 +1,16 @@
 """Installing turbo into Triton: the compile-stages hook and its part in the cache key.
 
-Triton 3.6 calls `knobs.runtime.add_stages_inspection_hook(backend, stages, options, language,
+Triton calls `knobs.runtime.add_stages_inspection_hook(backend, stages, options, language,
 capability)` from `CUDABackend.add_stages`, after `compile()` has computed the cache key from the
-source, backend, options and environment: the hook itself is not in the key. So `install` also
-wraps `triton.compiler.compiler.get_cache_key`: for a kernel the selector picks, the key gets
+source, backend, options and environment. So `install` also wraps
+`triton.compiler.compiler.get_cache_key`: for a kernel the selector picks, the key gets
 `TURBO_TAG` appended and the backend object is marked; the stages hook then builds only marked
 kernels turbo. The key and the build therefore decide from one answer, and a kernel that is not
 picked keeps Triton's own key and stages, byte for byte.
+
+Triton 3.7 and 3.8 also call the hook with no arguments for a key part that `compile()` appends
+to every kernel's key; ours is empty (the tag is already in the picked kernels' keys), so the
+rule above holds there too. What each release does is in `protocol.py`.
 """
 
 from __future__ import annotations
@@ -81,8 +85,8 @@ class TurboHook:
     built: set[str] = field(default_factory=set)
 
     def __call__(self, *args: Any) -> Any:
-        if not args:                           # later Tritons ask their hook for a cache-key part
-            return ("caovan-turbo", TURBO_TAG)
+        if not args:                           # Triton 3.7+: the key-part call (protocol.py)
+            return self._key_part()
         backend, stages, options, language, capability = args
         if getattr(backend, _MARK, None):
             name = getattr(backend, _MARK)
@@ -91,6 +95,15 @@ class TurboHook:
                         on_built=lambda build: self._built(name, build))
         if self.previous is not None:
             self.previous(*args)
+
+    def _key_part(self) -> tuple[str, str]:
+        """(part of every kernel's disk key, part of the JIT's in-memory key). The disk part is empty:
+        `get_cache_key` already tags the kernels we pick, and every other kernel keeps Triton's own
+        key. A hook installed before ours keeps its parts."""
+        if self.previous is None:
+            return "", TURBO_TAG
+        key, digest = self.previous()
+        return key, f"{TURBO_TAG}-{digest}"
 
     def _built(self, name: str, build: TurboBuild) -> None:
         if name not in self.built:
@@ -116,7 +129,7 @@ def current_hook() -> TurboHook | None:
 def _keyed(original: Callable, selector: Selector) -> Callable:
     def get_cache_key(*args: Any, **kwargs: Any) -> str:
         key = original(*args, **kwargs)
-        try:   # Triton 3.6: (src, backend, backend_options, env_vars)
+        try:   # Triton 3.6 to 3.8: (src, backend, backend_options, env_vars)
             src, backend, options = args[:3]
             picked = selector(src, backend, options)
         except Exception as err:   # a broken selector or another protocol must not break compiling

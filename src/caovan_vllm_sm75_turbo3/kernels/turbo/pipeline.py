@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import TurboError
+from .protocol import triton_ptxas_extra
 from .resources import PtxasError, PtxasReport, mma_count, run_ptxas
 from .rewrite import REWRITE_VERSION, RewriteResult, TurboRewriteError, rewrite_ptx
 
@@ -27,7 +28,7 @@ def _code_digest() -> str:
     """Digest of the code that shapes a turbo binary, so any change to it misses old cache entries."""
     here = os.path.dirname(os.path.abspath(__file__))
     h = hashlib.sha256()
-    for name in ("rewrite.py", "pipeline.py", "resources.py"):
+    for name in ("rewrite.py", "pipeline.py", "resources.py", "protocol.py"):
         with open(os.path.join(here, name), "rb") as f:
             h.update(f.read())
     return h.hexdigest()[:12]
@@ -70,8 +71,9 @@ def _copy_module(module: Any) -> Any:
 
 
 def _ptxas_flags(options: Any) -> tuple[str, ...]:
-    """Triton's own ptxas flags that change code: fmad and user PTXAS options."""
+    """Triton's own ptxas flags that change code: fmad, its release's fixed flags, user PTXAS options."""
     flags = [] if options.enable_fp_fusion else ["--fmad=false"]
+    flags += triton_ptxas_extra()
     if options.ptx_options:
         flags += options.ptx_options.split(" ")
     return tuple(flags)
