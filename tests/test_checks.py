@@ -130,3 +130,12 @@ def test_checkpoint_against_free_memory(tmp_path):
 def test_checkpoint_on_a_hub_name():
     r = by_name(Facts.from_dict(facts_dict()), ModelFacts(path="Qwen/Qwen3.6-27B"))["checkpoint"]
     assert r.status is Status.WARN
+
+
+def test_host_checks_run_last_and_only_for_what_the_facts_know(tmp_path):
+    machine = [c.__name__ for c in C.MACHINE_CHECKS]
+    plain = C.run_checks(Facts.from_dict(facts_dict()), read_model(str(tmp_path)))
+    assert len(plain) == len(machine) + 1 and plain[-1].name == "checkpoint"  # no host field known: no host row
+    slow = C.run_checks(Facts.from_dict(facts_dict(host={"cpu_governor": "powersave"})), read_model(str(tmp_path)))
+    assert [r.name for r in slow[:-1]] == [r.name for r in plain] and slow[-1].name == "host-cpu-governor"
+    assert slow[-1].status is Status.WARN and C.rollup(slow[-1:]) is Status.WARN
