@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from caovan_vllm_sm75_turbo3.cli.serve import BOOL_FLAGS, VALUE_FLAGS
-from caovan_vllm_sm75_turbo3.policy.vllm_args import SHORT_ALIASES, read_vllm_args
+from caovan_vllm_sm75_turbo3.policy.vllm_args import SHORT_ALIASES, check_launch_args, read_vllm_args
 
 from conftest import REFERENCE
 
@@ -22,6 +22,15 @@ pytestmark = pytest.mark.vllm
 
 ROOT = Path(__file__).resolve().parents[1]
 FACTS = ROOT / "examples" / "2x2080ti-22g.json"
+# Values of the flags our launch check reads: what vLLM's parser refuses we refuse; what we accept,
+# vLLM reads as the same number (beyond that we refuse only nonsense: 0, negatives, a share > 1).
+VALUE_CASES = [(flag, v) for flag, values in {
+    "--max-model-len": ["32k", "1K", "25.6k", "1.5K", "auto", "AUTO", "-1", "0", " 12 ", "1_000", "+7", "1e3",
+                        "None", "32kb", "nan", "2M"],
+    "--max-num-seqs": ["0", "8", "1k", "None", "+3"],
+    "--max-num-batched-tokens": ["0", "1k", "2K", "-3", "8192", "1.5m"],
+    "--tensor-parallel-size": ["0", "2", "x", "1.0"],
+    "--gpu-memory-utilization": ["0", "1", "1.5", "nan", "inf", "0.9", "9e-1", "x"]}.items() for v in values]
 DOTTED = ["/m", "--additional-config", '{"x":1}', "--additional-config.caovan_mode", "guards",
           "--additional_config.caovan_probe_timeout_s=60", "-tp", "2"]
 
@@ -54,6 +63,8 @@ PARSER = textwrap.dedent("""
                               "additional_config": ns.additional_config,
                               "tensor_parallel_size": ns.tensor_parallel_size,
                               "max_model_len": ns.max_model_len, "dtype": ns.dtype,
+                              "max_num_seqs": ns.max_num_seqs, "max_num_batched_tokens": ns.max_num_batched_tokens,
+                              "gpu_memory_utilization": ns.gpu_memory_utilization,
                               "enable_prefix_caching": ns.enable_prefix_caching,
                               "disable_custom_all_reduce": ns.disable_custom_all_reduce})
     print("RESULT " + json.dumps(out))
@@ -73,7 +84,7 @@ def vllm_parser() -> dict:
     final = _final_argv()
     assert final[:2] == ["vllm", "serve"]
     argvs = [final[2:], DOTTED, [*REFERENCE, "--not-a-vllm-flag"], ["/m", "--additional-config", '{"a": }'],
-             ["/m", "--additional-config", "{bad"]]
+             ["/m", "--additional-config", "{bad"], *(["/m", f"{flag}={v}"] for flag, v in VALUE_CASES)]
     env = {**os.environ, "VLLM_PLUGINS": "", "CUDA_VISIBLE_DEVICES": ""}
     r = subprocess.run([sys.executable, "-c", PARSER], input=json.dumps(argvs), capture_output=True,
                        text=True, env=env, timeout=300)
@@ -130,3 +141,15 @@ def test_our_flags_do_not_collide_with_vllm_serve(vllm_parser):
 
 def test_short_aliases_match_vllm(vllm_parser):
     assert SHORT_ALIASES == vllm_parser["aliases"]
+
+
+@pytest.mark.parametrize("case", range(len(VALUE_CASES)))
+def test_our_launch_check_reads_numbers_as_vllm_does(vllm_parser, case):
+    flag, value = VALUE_CASES[case]
+    got = vllm_parser["parsed"][5 + case]
+    checked = check_launch_args(read_vllm_args(["/m", f"{flag}={value}"]), 8)
+    ours = getattr(checked.numbers, flag[2:].replace("-", "_"))
+    if got["exit"] != 0:
+        assert checked.errors, (flag, value)  # vLLM refuses it: so do we
+    if not checked.errors:
+        assert got["exit"] == 0 and got[flag[2:].replace("-", "_")] == ours, (flag, value, got)

@@ -65,12 +65,13 @@ def report(facts: Facts, results: list[CheckResult], settings: Settings, with_se
 def print_text(facts: Facts, results: list[CheckResult], settings: Settings, with_settings: bool,
                model: ModelFacts | None = None) -> None:
     """The human report. Every string that may come from a file (GPU and model names, notes) is
-    printed literally: markup is used only in our own constant text."""
+    printed literally: a rich Text (no markup) in tables, markup=False in lines, and no :emoji:
+    codes anywhere; markup is used only in our own constant text."""
     from rich.console import Console
-    from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
 
-    console = Console(highlight=False, width=None if sys.stdout.isatty() else 110)
+    console = Console(highlight=False, emoji=False, width=None if sys.stdout.isatty() else 110)
     status = rollup(results)
     for line in (header(), f"runtime={status.value}", f"sm75={sm75_line(facts)}"):
         console.print(line, markup=False)
@@ -83,7 +84,7 @@ def print_text(facts: Facts, results: list[CheckResult], settings: Settings, wit
     for col in ("check", "status", "detail", "remedy"):
         table.add_column(col, overflow="fold")
     for r in results:
-        table.add_row(escape(r.name), f"[{colour[r.status]}]{r.status.value}[/]", escape(r.detail), escape(r.remedy))
+        table.add_row(Text(r.name), Text(r.status.value, style=colour[r.status]), Text(r.detail), Text(r.remedy))
     console.print(table)
     v = facts.versions
     console.print(f"python {v.python or '-'}  torch {v.torch or '-'}  triton {v.triton or '-'}  "
@@ -97,7 +98,7 @@ def print_text(facts: Facts, results: list[CheckResult], settings: Settings, wit
         for col in ("variable", "value", "source"):
             st.add_column(col)
         for row in settings_rows(settings):
-            st.add_row(*(escape(str(row[k])) for k in ("variable", "value", "source")))
+            st.add_row(*(Text(str(row[k])) for k in ("variable", "value", "source")))
         console.print(st)
 
 

@@ -4,12 +4,21 @@ It undoes what vLLM and the tools around it add to each message: ANSI colours, t
 `(EngineCore_DP0 pid=123) ` / `(Worker_TP1 pid=456) ` / `(APIServer pid=7) `, the logger header
 `INFO 12-02 17:44:10 [shm_broadcast.py:681] ` (vllm/logger.py's `_FORMAT`), uvicorn's `INFO:     `,
 and docker/journald timestamps. It never holds more than one chunk and one capped line.
+
+Input: `-` is standard input, read to its end as `cat` would (the user chose it: a slow pipe is
+waited for; a closed standard input is refused). A FILE is opened without blocking; a FIFO
+(`mkfifo`, `<(cmd)`) is then read as a stream like standard input, once something arrives: when
+nothing is written to it (and no writer closes it) within FIFO_WAIT_S, it is refused instead of
+waiting forever. A read error in the middle (a truncated gzip, an I/O error) is one line too.
 """
 
 from __future__ import annotations
 
 import gzip
+import os
 import re
+import select
+import stat
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,6 +32,7 @@ CHUNK_BYTES = 64 * 1024
 # a dumped tensor or a pasted binary, and no signature needs more than its start.
 MAX_LINE_BYTES = 8 * 1024
 SNIFF_BYTES = 8 * 1024
+FIFO_WAIT_S = 30.0  # a FIFO given as FILE: how long to wait for its first byte (or its writer's end)
 
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
@@ -129,26 +139,66 @@ def looks_binary(head: bytes) -> bool:
     return bad > len(text) * 0.1
 
 
-class _Prefixed:
-    """A byte stream that first returns `head` (already read to sniff it), then the rest of `rest`."""
+def _unreadable(label: str, err: BaseException) -> CaovanError:
+    return CaovanError(f"--log {label}: cannot read it ({getattr(err, 'strerror', None) or err})")
 
-    def __init__(self, head: bytes, rest: BinaryIO) -> None:
+
+class _Prefixed:
+    """A byte stream that first returns `head` (already read to sniff it), then the rest of `rest`;
+    a read error of `rest` is the one-line CaovanError."""
+
+    def __init__(self, head: bytes, rest: BinaryIO, label: str) -> None:
         self._head = head
         self._rest = rest
+        self._label = label
 
     def read(self, size: int = -1) -> bytes:
         if self._head:
             out = self._head if size < 0 else self._head[:size]
             self._head = self._head[len(out):]
             return out
-        return self._rest.read(size)
+        try:
+            return self._rest.read(size)
+        except (OSError, EOFError) as err:  # gzip's BadGzipFile is an OSError
+            raise _unreadable(self._label, err) from None
 
 
 def _read_head(stream: BinaryIO, label: str) -> bytes:
     try:
         return stream.read(SNIFF_BYTES)
     except (OSError, EOFError) as err:
-        raise CaovanError(f"--log {label}: cannot read it ({getattr(err, 'strerror', None) or err})") from None
+        raise _unreadable(label, err) from None
+
+
+def _stdin() -> BinaryIO:
+    """Standard input as bytes; a closed one (`<&-`) is refused."""
+    if sys.stdin is None or getattr(sys.stdin, "buffer", None) is None:
+        raise CaovanError("--log -: standard input is closed; pipe a log into it (... | caovan-sm75-doctor "
+                          "--log -) or give the log's path")
+    return sys.stdin.buffer
+
+
+def _wait_for_fifo(fd: int, label: str) -> None:
+    """Wait up to FIFO_WAIT_S for a FIFO's first byte or its writer's end; refuse after that."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    if not poller.poll(int(FIFO_WAIT_S * 1000)):
+        raise CaovanError(f"--log {label}: a FIFO that nothing wrote to within {FIFO_WAIT_S:g} s; start the "
+                          "writer first, or pipe the log into --log -")
+
+
+def _open_file(path: str, label: str) -> BinaryIO:
+    """Open `path` without blocking (a FIFO without a writer would block in open), then read it
+    blocking: a FIFO once it has data (see the module doc)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if stat.S_ISFIFO(os.fstat(fd).st_mode):
+            _wait_for_fifo(fd, label)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 @contextmanager
@@ -159,17 +209,17 @@ def open_log(path: str) -> Iterator[BinaryIO]:
     """
     label = "standard input" if path == "-" else repr(path)
     try:
-        raw: BinaryIO = sys.stdin.buffer if path == "-" else open(path, "rb")  # noqa: SIM115
+        raw: BinaryIO = _stdin() if path == "-" else _open_file(path, label)
     except OSError as err:
         raise CaovanError(f"--log {label}: cannot read it ({err.strerror or err}); "
                           "give the path of a vLLM server log, or - for standard input") from None
     try:
         head = _read_head(raw, label)
-        stream: BinaryIO = _Prefixed(head, raw)  # type: ignore[assignment]
+        stream: BinaryIO = _Prefixed(head, raw, label)  # type: ignore[assignment]
         if head[:2] == b"\x1f\x8b":
             unpacked: BinaryIO = gzip.GzipFile(fileobj=stream, mode="rb")  # type: ignore[assignment]
             head = _read_head(unpacked, label)
-            stream = _Prefixed(head, unpacked)  # type: ignore[assignment]
+            stream = _Prefixed(head, unpacked, label)  # type: ignore[assignment]
         if looks_binary(head):
             raise CaovanError(f"--log {label}: this is not a text log (binary data in its first "
                               f"{len(head):,} bytes); give the file that vLLM's output was written to")
