@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from caovan_vllm_sm75_turbo3.cli.common import run_cli
-from caovan_vllm_sm75_turbo3.cli.warmup import PROG, main, strict_json
+from caovan_vllm_sm75_turbo3.cli.common import json_text
+from caovan_vllm_sm75_turbo3.cli.warmup import PROG, main
 from caovan_vllm_sm75_turbo3.errors import SettingError
 from caovan_vllm_sm75_turbo3.warmup.client import ServerClient, StepError, normalize_api_base, redact
 from caovan_vllm_sm75_turbo3.warmup.readiness import NotReady, wait_until_ready
@@ -210,7 +211,7 @@ def test_a_bad_api_base_message_hides_the_password():
 # --- 6. strict JSON --------------------------------------------------------------------------------
 
 def test_strict_json_writes_null_for_non_finite_numbers():
-    text = strict_json({"a": float("nan"), "b": [float("inf"), 1.5], "c": {"d": -float("inf")}})
+    text = json_text({"a": float("nan"), "b": [float("inf"), 1.5], "c": {"d": -float("inf")}})
     assert json.loads(text) == {"a": None, "b": [None, 1.5], "c": {"d": None}}
     assert "NaN" not in text and "Infinity" not in text
 

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import os
 import sys
 import time
@@ -17,7 +15,7 @@ from ..warmup.ladder import (MAX_SECONDS, LadderConfig, Step, build_ladder, chec
                              warm_pass)
 from ..warmup.report import FAILED, OK, SKIPPED, ServerReport, StepResult
 from ..warmup.runner import WarmupOptions, warm_fleet
-from .common import OneLineParser, run_cli, seconds, whole_number
+from .common import OneLineParser, print_json, run_cli, seconds, whole_number
 
 PROG = "caovan-sm75-warmup"
 DEFAULT_API_BASE = "http://127.0.0.1:8000"
@@ -110,7 +108,7 @@ class LiveProgress:
         from rich.console import Console
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-        self.console = Console(file=out, highlight=False)
+        self.console = Console(file=out, highlight=False, emoji=False)  # server text stays literal
         self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                                   console=self.console, transient=True)
         self._task: Any = None
@@ -167,7 +165,7 @@ def print_table(server: ServerReport, out: IO[str]) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    console = Console(file=out, highlight=False, width=None if out.isatty() else 120)
+    console = Console(file=out, highlight=False, emoji=False, width=None if out.isatty() else 120)
     title = f"{server.api_base}  model={server.model or '-'}"
     if server.ready_after_s is not None:
         title += f"  ready after {server.ready_after_s:.1f} s  token lengths {server.token_lengths or '-'}"
@@ -223,7 +221,7 @@ def main(argv: Sequence[str]) -> int:
     report.settings.update(api_key=key_source, elapsed_s=round(time.monotonic() - started, 3))
     line = report.status_line()
     if args.json:
-        print(strict_json(report.to_dict()))
+        print_json(report.to_dict())
         print(line, file=err, flush=True)
     else:
         for server in report.servers:
@@ -232,21 +230,6 @@ def main(argv: Sequence[str]) -> int:
             print(f"not attempted (an earlier server failed): {api_base}")
         print(line, flush=True)  # plain print: the exact text users grep for
     return report.exit_code
-
-
-def strict_json(obj: Any) -> str:
-    """`obj` as indented, strict JSON: a non-finite float (NaN, Infinity) is written as null."""
-    return json.dumps(_finite(obj), indent=2, allow_nan=False)
-
-
-def _finite(obj: Any) -> Any:
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
 
 
 def entry() -> int:
