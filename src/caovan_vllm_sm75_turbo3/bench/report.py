@@ -89,7 +89,7 @@ def print_report(report: BenchReport, out: IO[str]) -> None:
                       _range(sp["decode_tok_s"], ".1f"), _num(r["aggregate_tok_s"], ".1f"))
     console.print(table)
     for line in summary_lines(report):
-        console.print(line, markup=False)
+        print(line, file=out)  # whole lines, never wrapped: people grep them
 
 
 def summary_lines(report: BenchReport) -> list[str]:

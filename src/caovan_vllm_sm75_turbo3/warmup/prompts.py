@@ -104,7 +104,8 @@ class PromptFitter:
         """How prompt lengths were set: "exact" (measured by the server), "estimated", or "" (none yet)."""
         return {True: "exact", False: "estimated", None: ""}[self.tokenize_available]
 
-    def fit(self, nonce: str, target: int, count_messages: Callable[[list[dict[str, str]]], int | None]) -> FittedPrompt:
+    def fit(self, nonce: str, target: int,
+            count_messages: Callable[[list[dict[str, str]]], int | None]) -> FittedPrompt:
         """The filler prompt of `target` tokens; `count_messages(messages)` is the server's count of a
         chat request, None when the server cannot count."""
         if self.tokenize_available is not False:
