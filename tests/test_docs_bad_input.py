@@ -200,3 +200,19 @@ def test_the_documented_line_and_exit_code(row, tmp_path, monkeypatch):
     pattern = row.pattern()
     shown = err if row.shape.startswith("error: ") else lines
     assert any(pattern.fullmatch(line) for line in shown), (row.shape, shown[-3:])
+
+
+def test_the_readme_promises_what_the_table_shows():
+    """The README's exit-code table says bad input is 2 (and warmup's not-ready 3): the rows run it."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    promised = {}
+    for line in readme.split("## Exit codes")[1].split("##")[0].splitlines()[4:]:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 5:
+            promised[cells[0].strip("`")] = cells[1:]
+    shown = {(r.prog, r.code) for r in ROWS}
+    for command in ("caovan-vllm-serve", "caovan-sm75-doctor", "caovan-sm75-warmup"):
+        assert "bad input" in promised[command][2]
+        assert (command, 2) in shown
+    assert "not ready" in promised["caovan-sm75-warmup"][3] and ("caovan-sm75-warmup", 3) in shown
+    assert "done" in promised["caovan-vllm-serve"][0] and ("caovan-vllm-serve", 0) in shown

@@ -184,3 +184,23 @@ def test_any_value_is_a_plan_or_one_line_naming_the_flag(tmp_path_factory, flag,
         assert r.code == 0 and r.err == ""
     if as_json:
         json.loads(r.out, parse_constant=_no_constant)
+
+
+_SIZES = st.sampled_from([0, 1, 2**31, 2**53 + 1, 10**18]) | st.integers(min_value=0, max_value=2**40)
+
+
+@FAST
+@given(gpu_mib=_SIZES, host_mib=_SIZES, util=st.sampled_from(["0.01", "1", "1e-300", "0.999999999"]))
+def test_every_json_plan_is_strict_json(tmp_path_factory, gpu_mib, host_mib, util):
+    from conftest import facts_dict
+    data = facts_dict(host={"memory_total_mib": host_mib})
+    for gpu in data["gpus"]:
+        gpu["memory_total_mib"] = gpu_mib
+    home = tmp_path_factory.mktemp("h")
+    facts = home / "facts.json"
+    facts.write_text(json.dumps(data))
+    for argv in ([MODEL, "--gpu-memory-utilization", util, "--json", "--facts", str(facts)],):
+        r = run_main(serve.PROG, serve.main, argv, _env(home))
+        assert_clean(r)
+        if r.out:
+            json.loads(r.out, parse_constant=_no_constant)
