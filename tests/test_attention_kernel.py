@@ -182,3 +182,28 @@ def test_refuses_what_it_does_not_support(change, words):
                           change.get("window", (-1, -1)), torch.zeros(1, 1, dtype=torch.int32), 0.0,
                           change.get("q_descale"), change.get("k_descale"), None, **extra)
     assert words in str(err.value) and isinstance(err.value, CaovanError)
+
+
+def test_reference_in_row_steps_equals_one_step(monkeypatch):
+    """The reference's bounded-memory row steps (full-size checks) change nothing."""
+    from caovan_vllm_sm75_turbo3.kernels.attention import reference
+
+    k, v, table, *_ = _paged([30, 12], 7, 2, 128, "fp16")
+    q = torch.randn(12, 4, 128).half()
+    cu, used = torch.tensor([0, 9, 12], dtype=torch.int32), torch.tensor([30, 12], dtype=torch.int32)
+    whole = unified_attention_reference(q, k, v, cu, used, table, 0.1)
+    monkeypatch.setattr(reference, "_SCORES_PER_STEP", 1)
+    assert torch.allclose(unified_attention_reference(q, k, v, cu, used, table, 0.1), whole, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("mode, ok", [(0, True), (1, True), ("FP8_PER_TENSOR", True), (3, False), ("NVFP4", False)])
+def test_kv_quant_modes(mode, ok):
+    from caovan_vllm_sm75_turbo3.kernels.attention.inputs import check_vllm_extras
+
+    kw = dict(alibi_slopes=None, output_scale=None, qq_bias=None, sinks=None, mm_prefix_range=None,
+              use_alibi_sqrt=False, k_scale_cache=None, v_scale_cache=None, chunk_lookback=-1)
+    if ok:
+        check_vllm_extras(kv_quant_mode=mode, **kw)
+    else:
+        with pytest.raises(AttentionInputError, match="kv_quant_mode"):
+            check_vllm_extras(kv_quant_mode=mode, **kw)

@@ -31,6 +31,7 @@ class AttentionConfig:
     block_m: int
     tile_n: int
     num_warps: int
+    kind: str  # "decode" or "prefill": which table it comes from (specs name their builds by it)
 
 
 # (head dim, KV format) -> config. fp8 tiles are widened in registers before the products, so they
@@ -39,11 +40,11 @@ class AttentionConfig:
 # spilled (16-104 bytes at 255 registers) and 128 rows spilled for fp8 e4m3, so 64 x 8 warps it is.
 # Key tiles: 64 for head dim 128, 32 for 256 (the [BLOCK_M, 256] fp32 accumulator leaves less room).
 DECODE: dict[tuple[int, str], AttentionConfig] = {
-    (d, f): AttentionConfig(block_m=16, tile_n=64 if d == 128 else 32, num_warps=4)
+    (d, f): AttentionConfig(block_m=16, tile_n=64 if d == 128 else 32, num_warps=4, kind="decode")
     for d in HEAD_DIMS for f in KV_FORMATS
 }
 PREFILL: dict[tuple[int, str], AttentionConfig] = {
-    (d, f): AttentionConfig(block_m=64, tile_n=64 if d == 128 else 32, num_warps=8)
+    (d, f): AttentionConfig(block_m=64, tile_n=64 if d == 128 else 32, num_warps=8, kind="prefill")
     for d in HEAD_DIMS for f in KV_FORMATS
 }
 
@@ -57,7 +58,7 @@ def select(head_dim: int, kv_format: str, group: int, max_seqlen_q: int) -> Atte
         cfg = table[(head_dim, kv_format)]
         block_m = max(cfg.block_m, _pow2(group))
         if max_seqlen_q <= block_m // group or table is PREFILL:
-            return AttentionConfig(block_m, cfg.tile_n, cfg.num_warps)
+            return AttentionConfig(block_m, cfg.tile_n, cfg.num_warps, cfg.kind)
     raise AssertionError("unreachable")
 
 

@@ -151,6 +151,7 @@ def check_vllm_extras(*, alibi_slopes: object, output_scale: object, qq_bias: ob
     if chunk_lookback != -1:
         raise AttentionInputError(f"chunk_lookback={chunk_lookback} (chunked attention) is not supported: pass -1")
     if kv_quant_mode is not None:
-        mode = getattr(kv_quant_mode, "name", str(int(kv_quant_mode)) if isinstance(kv_quant_mode, int) else kv_quant_mode)
+        plain = str(int(kv_quant_mode)) if isinstance(kv_quant_mode, int) else kv_quant_mode
+        mode = getattr(kv_quant_mode, "name", plain)
         if mode not in _QUANT_MODES:
             raise AttentionInputError(f"kv_quant_mode={mode} is not supported: NONE (fp16) or FP8_PER_TENSOR only")

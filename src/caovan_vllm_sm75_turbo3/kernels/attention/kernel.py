@@ -20,12 +20,15 @@ scores and to the output, never per element.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
 
 from .configs import FORMAT_CODE, MAX_SPLITS, MIN_KEYS_PER_SPLIT, TARGET_PROGRAMS_PER_SM, AttentionConfig, select
-from .inputs import check_inputs, check_vllm_extras
+from .inputs import AttentionShapes, check_inputs, check_vllm_extras
 
 LOG2E = tl.constexpr(1.4426950408889634)
 
@@ -254,46 +257,67 @@ def unified_attention(
                      q_descale, k_descale, v_descale, kv_cache_dtype)
     if s.tokens == 0 or s.num_seqs == 0:
         return out
-    cfg = select(s.head_dim, s.kv_format, s.group, max_seqlen_q)
-    block_q = cfg.block_m // s.group
-    programs = (s.tokens // block_q + s.num_seqs) * s.kv_heads
-    dev = q.device
-    if num_splits is None:
-        sm_count = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else None
-        num_splits = plan_splits(programs, max_seqlen_k, sm_count)
-    _launch(q, k, v, out, cu_seqlens_q, seqused_k, block_table, k_descale, v_descale, s, cfg, num_splits,
-            float(softmax_scale), float(softcap))
+    call = plan_call(q, k, v, out, cu_seqlens_q, seqused_k, block_table, k_descale, v_descale, s, max_seqlen_q,
+                     max_seqlen_k, float(softmax_scale), float(softcap), num_splits)
+    _attn_kernel[call.grid](*call.args.values(), **call.constexprs, num_warps=call.config.num_warps, num_stages=1)
+    if call.merge_grid is not None:
+        _merge_kernel[call.merge_grid](*call.merge_args.values(), NUM_SPLITS=call.num_splits, HEAD_DIM=s.head_dim,
+                                       num_warps=4)
     return out
 
 
-def _launch(q, k, v, out, cu_q, seqused_k, block_table, k_descale, v_descale, s, cfg: AttentionConfig,
-            num_splits: int, softmax_scale: float, softcap: float) -> None:
+@dataclass
+class AttentionCall:
+    """One call's launches, decided from shapes and host numbers: what `unified_attention` runs.
+
+    `args` are `_attn_kernel`'s runtime arguments by name, in order (None for an absent pointer);
+    the benchmark feeds the same to the kernel's sm_75 PTX. `merge_grid` is None without splits.
+    """
+
+    config: AttentionConfig
+    num_splits: int
+    grid: tuple[int, int, int]
+    args: dict[str, Any]
+    constexprs: dict[str, Any]
+    merge_grid: tuple[int, int] | None
+    merge_args: dict[str, Any]
+
+
+def plan_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, cu_q: torch.Tensor,
+              seqused_k: torch.Tensor, block_table: torch.Tensor, k_descale: torch.Tensor | None,
+              v_descale: torch.Tensor | None, s: AttentionShapes, max_seqlen_q: int, max_seqlen_k: int,
+              softmax_scale: float, softcap: float, num_splits: int | None = None) -> AttentionCall:
+    """The pinned config, the split count (planned unless given), grids and arguments; allocates partials."""
+    cfg = select(s.head_dim, s.kv_format, s.group, max_seqlen_q)
+    block_q = cfg.block_m // s.group
+    grid_q = s.tokens // block_q + s.num_seqs  # an upper bound on the query blocks (no host sync)
+    if num_splits is None:
+        dev = q.device
+        sm_count = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else None
+        num_splits = plan_splits(grid_q * s.kv_heads, max_seqlen_k, sm_count)
     fp8 = s.kv_format != "fp16"
-    kc = k if not fp8 else k.view(torch.uint8)
-    vc = v if not fp8 else v.view(torch.uint8)
+    kc = k.view(torch.uint8) if fp8 else k
+    vc = v.view(torch.uint8) if fp8 else v
     ks = k_descale if fp8 else None  # vLLM applies the scales to fp8 caches only
     vs = v_descale if fp8 else None
+    parts: tuple[torch.Tensor | None, ...] = (None, None, None)
     if num_splits > 1:
-        part_o = _alloc((s.tokens, s.q_heads, num_splits, s.head_dim), torch.float32, q.device)
-        part_m = _alloc((s.tokens, s.q_heads, num_splits), torch.float32, q.device)
-        part_l = _alloc((s.tokens, s.q_heads, num_splits), torch.float32, q.device)
-    else:
-        part_o = part_m = part_l = None
-    block_q = cfg.block_m // s.group
-    grid = (s.tokens // block_q + s.num_seqs, s.kv_heads, num_splits)
-    _attn_kernel[grid](
-        q, kc, vc, out, part_o, part_m, part_l, cu_q, seqused_k, block_table, ks, vs,
-        s.num_seqs, s.block_size, block_table.stride(0), max(s.window_left, 0),
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        kc.stride(0), kc.stride(1), kc.stride(2), vc.stride(0), vc.stride(1), vc.stride(2),
-        ks.stride(0) if ks is not None else 0, ks.stride(1) if ks is not None else 0,
-        vs.stride(0) if vs is not None else 0, vs.stride(1) if vs is not None else 0,
-        softmax_scale, softcap if softcap > 0 else 1.0,
-        G=s.group, HEAD_DIM=s.head_dim, BLOCK_M=cfg.block_m, BLOCK_Q=block_q, TILE_N=cfg.tile_n,
-        KV_FMT=FORMAT_CODE[s.kv_format], NUM_SPLITS=num_splits, K_SCALED=ks is not None, V_SCALED=vs is not None,
-        USE_SOFTCAP=softcap > 0, USE_WINDOW=s.window_left >= 0,
-        num_warps=cfg.num_warps, num_stages=1,
-    )
-    if num_splits > 1:
-        _merge_kernel[(s.tokens, s.q_heads)](out, part_o, part_m, part_l, cu_q, s.num_seqs, out.stride(0),
-                                            out.stride(1), NUM_SPLITS=num_splits, HEAD_DIM=s.head_dim, num_warps=4)
+        parts = (_alloc((s.tokens, s.q_heads, num_splits, s.head_dim), torch.float32, q.device),
+                 _alloc((s.tokens, s.q_heads, num_splits), torch.float32, q.device),
+                 _alloc((s.tokens, s.q_heads, num_splits), torch.float32, q.device))
+    args = dict(q=q, k=kc, v=vc, out=out, part_o=parts[0], part_m=parts[1], part_l=parts[2], cu_q=cu_q,
+                seqused_k=seqused_k, block_table=block_table, k_scale=ks, v_scale=vs, num_seqs=s.num_seqs,
+                block_size=s.block_size, bt_stride=block_table.stride(0), window_left=max(s.window_left, 0),
+                sq_tok=q.stride(0), sq_head=q.stride(1), so_tok=out.stride(0), so_head=out.stride(1),
+                sk_blk=kc.stride(0), sk_off=kc.stride(1), sk_head=kc.stride(2),
+                sv_blk=vc.stride(0), sv_off=vc.stride(1), sv_head=vc.stride(2),
+                ks_seq=ks.stride(0) if ks is not None else 0, ks_head=ks.stride(1) if ks is not None else 0,
+                vs_seq=vs.stride(0) if vs is not None else 0, vs_head=vs.stride(1) if vs is not None else 0,
+                sm_scale=softmax_scale, softcap=softcap if softcap > 0 else 1.0)
+    cx = dict(G=s.group, HEAD_DIM=s.head_dim, BLOCK_M=cfg.block_m, BLOCK_Q=block_q, TILE_N=cfg.tile_n,
+              KV_FMT=FORMAT_CODE[s.kv_format], NUM_SPLITS=num_splits, K_SCALED=ks is not None,
+              V_SCALED=vs is not None, USE_SOFTCAP=softcap > 0, USE_WINDOW=s.window_left >= 0)
+    merge_args = dict(out=out, part_o=parts[0], part_m=parts[1], part_l=parts[2], cu_q=cu_q, num_seqs=s.num_seqs,
+                      so_tok=out.stride(0), so_head=out.stride(1))
+    return AttentionCall(cfg, num_splits, (grid_q, s.kv_heads, num_splits), args, cx,
+                         (s.tokens, s.q_heads) if num_splits > 1 else None, merge_args)

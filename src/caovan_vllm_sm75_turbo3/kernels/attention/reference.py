@@ -11,6 +11,8 @@ import torch
 
 from .inputs import kv_format
 
+# Float64 scores held at once (2 GiB): full-size checks (8192 rows x 128K keys) go in row steps.
+_SCORES_PER_STEP = 2**28
 _FP8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 
 
@@ -45,7 +47,7 @@ def quantize_cache(source: torch.Tensor, scale: torch.Tensor | float, kv_format:
 
 def kv_quantisation_error(cache: torch.Tensor, source: torch.Tensor, descale: torch.Tensor | None = None,
                           kv_cache_dtype: str | None = None) -> float:
-    """‖dequantised cache − source‖ / ‖source‖ over the whole cache: the fp8 error alone, no kernel involved."""
+    """‖dequantised cache − source‖ / ‖source‖ over the whole cache: the fp8 error alone, no kernel."""
     from ..numerics import rel_error
 
     return rel_error(dequantize_cache(cache, descale, kv_cache_dtype), source.double())
@@ -84,14 +86,17 @@ def unified_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         vals = dequantize_cache(_gather(v, block_table[n], kv_len).unsqueeze(0), vs, kv_cache_dtype)[0]
         keys = keys.repeat_interleave(G, dim=1)  # [kv_len, QH, D]: query head h reads KV head h // G
         vals = vals.repeat_interleave(G, dim=1)
-        s = torch.einsum("ihd,jhd->hij", q[q0:q1].double(), keys) * softmax_scale
-        if softcap > 0:
-            s = softcap * torch.tanh(s / softcap)
-        last = kv_len - (q1 - q0) + torch.arange(q1 - q0, device=q.device)  # the last key each row sees
-        j = torch.arange(kv_len, device=q.device)
-        seen = j[None, :] <= last[:, None]
-        if left >= 0:
-            seen &= j[None, :] >= last[:, None] - left
-        s = s.masked_fill(~seen, float("-inf"))
-        o[q0:q1] = torch.einsum("hij,jhd->ihd", torch.softmax(s, dim=-1), vals)
+        step = max(1, _SCORES_PER_STEP // (QH * kv_len))  # query rows per step: bounded score memory
+        for r0 in range(q0, q1, step):
+            r1 = min(r0 + step, q1)
+            s = torch.einsum("ihd,jhd->hij", q[r0:r1].double(), keys) * softmax_scale
+            if softcap > 0:
+                s = softcap * torch.tanh(s / softcap)
+            last = kv_len - q1 + torch.arange(r0, r1, device=q.device)  # the last key each row sees
+            j = torch.arange(kv_len, device=q.device)
+            seen = j[None, :] <= last[:, None]
+            if left >= 0:
+                seen &= j[None, :] >= last[:, None] - left
+            s = s.masked_fill(~seen, float("-inf"))
+            o[r0:r1] = torch.einsum("hij,jhd->ihd", torch.softmax(s, dim=-1), vals)
     return o
