@@ -3,8 +3,8 @@
 #
 #   (default)  the full suite, in the vLLM venv: .venv (CAOVAN_TEST_VENV), built if missing
 #              (vllm==0.21.0 from PyPI, about 5 minutes and 8 GB). Every marked test runs there.
-#   --fast     only the tests that need neither vLLM, torch nor a Triton compile (markers
-#              vllm, torch, triton_compile in pyproject.toml), in a light venv: .venv-fast
+#   --fast     only the tests that need neither vLLM, torch nor Triton (markers vllm, torch,
+#              triton, triton_compile in pyproject.toml), in a light venv: .venv-fast
 #              (CAOVAN_TEST_FAST_VENV) with this project and its test extras only. About a minute.
 #   --help     this text.
 #
@@ -21,7 +21,7 @@ esac
 
 if [ "$lane" = fast ]; then
   VENV=${CAOVAN_TEST_FAST_VENV:-.venv-fast}
-  LANE_ARGS=(-m "not vllm and not torch and not triton_compile")
+  LANE_ARGS=(-m "not vllm and not torch and not triton and not triton_compile")
   if [ ! -x "$VENV/bin/python" ]; then
     echo "== creating $VENV (this project and its test extras only)"
     "$PY" -m venv "$VENV"

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 
 # A marker names the module a test needs (pyproject.toml registers them).
-NEEDS = {"vllm": "vllm", "torch": "torch", "triton_compile": "triton"}
+NEEDS = {"vllm": "vllm", "torch": "torch", "triton": "triton", "triton_compile": "triton"}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

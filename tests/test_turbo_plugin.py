@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-pytestmark = pytest.mark.torch
+pytestmark = pytest.mark.triton
 
 pytest.importorskip("triton")
 

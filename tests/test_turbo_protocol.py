@@ -42,6 +42,7 @@ def triton_src():
     return row, tcc, nv, jit
 
 
+@pytest.mark.triton
 def test_stages_hook_is_called_with_backend_stages_options_language_capability(triton_src) -> None:
     _, _, nv, _ = triton_src
     src = inspect.getsource(nv.CUDABackend.add_stages)
@@ -50,6 +51,7 @@ def test_stages_hook_is_called_with_backend_stages_options_language_capability(t
         assert f'stages["{stage}"]' in src
 
 
+@pytest.mark.triton
 def test_compile_keys_through_the_module_attribute_we_wrap(triton_src) -> None:
     row, tcc, _, jit = triton_src
     src = inspect.getsource(tcc.compile)
@@ -61,6 +63,7 @@ def test_compile_keys_through_the_module_attribute_we_wrap(triton_src) -> None:
     assert (KEY_PART_CALL in inspect.getsource(jit.JITFunction.run)) == row.key_part_call
 
 
+@pytest.mark.triton
 def test_planning_entry_points_and_options_are_as_recorded(triton_src) -> None:
     row, _, nv, _ = triton_src
     params = {name: list(inspect.signature(getattr(nv.CUDABackend, name)).parameters)
@@ -75,6 +78,7 @@ def test_planning_entry_points_and_options_are_as_recorded(triton_src) -> None:
     assert ("regAllocOptLevel" in cubin) == bool(row.ptxas_extra)
 
 
+@pytest.mark.triton
 def test_bundled_ptxas_is_the_recorded_release(triton_src) -> None:
     row, _, nv, _ = triton_src
     ptxas = os.path.join(os.path.dirname(nv.__file__), "bin", "ptxas")
