@@ -233,7 +233,7 @@ def _run_case(impl: _Sm75, case: str, rows, dev) -> dict:
             if fmt == "fp16":
                 ref16 = ref
             else:
-                row["quant_err_kv"] = max(kv_quantisation_error(kv[:, i], kv16[:, i], torch.full((KVH,), scales[i]))
+                row["quant_err_kv"] = max(kv_quantisation_error(kv[:, i], kv16[:, i], torch.full((KVH,), scales[i], device=dev))
                                           for i in range(2))
                 row["quant_err_out"] = rel_error(ref, ref16) if ref16 is not None else None
             del ref
