@@ -6,6 +6,13 @@ and timed on the lent GPU:
     python benchmarks/gdn_prefill.py build --out .bench/gdn_ptx      # CPU: sm_75 PTX, turbo and plain
     python benchmarks/gdn_prefill.py run --ptx .bench/gdn_ptx [--json FILE]   # GPU
 
+`build` needs Triton but not torch, so it also runs in a venv holding another Triton release
+(`bash scripts/test.sh --tritons` makes .venv-triton37 and .venv-triton38); `run` loads the PTX
+through the driver, whatever Triton is installed where it runs, and meta.json records the Triton
+that built it:
+
+    .venv-triton37/bin/python benchmarks/gdn_prefill.py build --out .bench/gdn_ptx_triton37
+
 `run` times, per shape (Qwen3.6-27B at TP 2: H=8 key heads, HV=24 value heads, K=V=128, fp16,
 packed through cu_seqlens with initial and final state, as vLLM calls it):
   ours-sm75-turbo  our two kernels as sm_75 PTX with tensor-core mma (the Turbo rewrite), JIT-ed
@@ -50,6 +57,8 @@ def _needed_specs():
 
 def build(out: Path) -> None:
     """Write turbo and plain sm_75 PTX of the configs the cases use, with a meta.json."""
+    import triton
+
     from caovan_vllm_sm75_turbo3.kernels.turbo.compile import compile_for_sm75
 
     out.mkdir(parents=True, exist_ok=True)
@@ -64,7 +73,7 @@ def build(out: Path) -> None:
             key = f"{spec.name}-{info.build}"
             (out / f"{key}.ptx").write_text(info.ptx)
             meta[key] = {"entry": info.entry, "shared": info.shared_bytes, "num_warps": info.num_warps,
-                         "args": spec.args, **info.summary_numbers()}
+                         "args": spec.args, **info.summary_numbers(), "triton": triton.__version__}
             print(key, info.summary_numbers(), flush=True)
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
 

@@ -18,6 +18,7 @@ HEAD_DIMS = (64, 128)  # K and V each; others are refused
 # length whose overlap still outweighs the launches and stream waits each segment adds; longer
 # segments gained nothing (the sweep is in benchmarks/RESULTS.md).
 SEGMENT_CHUNKS = 64
+L2NORM_EPS = 1e-6  # the epsilon vLLM's FLA l2norm uses: x / sqrt(sum(x^2) + eps)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-L2NORM_EPS = 1e-6  # the epsilon vLLM's FLA l2norm uses: x / sqrt(sum(x^2) + eps)
+from .configs import L2NORM_EPS
 
 
 def _l2norm(x: torch.Tensor) -> torch.Tensor:

@@ -2,7 +2,8 @@
 
 The specs feed ahead-of-time builds (the sm_75 fit test, the benchmark's PTX, a JIT-cache
 warmup) with the exact signatures and constants the launcher in chunk.py uses for vLLM's call:
-packed sequences, initial and final state, with and without in-kernel L2 norm.
+packed sequences, initial and final state, with and without in-kernel L2 norm. Importing this
+module needs Triton but not torch, so the builds run in a venv with Triton alone.
 """
 
 from __future__ import annotations
@@ -10,9 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .chunk import _prep_kernel, _state_kernel
-from .configs import CHUNK, PREP, STATE
-from .reference import L2NORM_EPS
+from .configs import CHUNK, L2NORM_EPS, PREP, STATE
+from .triton_kernels import _prep_kernel, _state_kernel
 
 # Qwen3.6-27B at tensor parallel 2: 8 key heads, 24 value heads per GPU. H and HV only set
 # index arithmetic, so one pair stands for all.
