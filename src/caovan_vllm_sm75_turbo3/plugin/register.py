@@ -20,6 +20,7 @@ from ..launch import APPLIED_MARK, apply_env, plan_launch
 from ..policy.banner import banner_lines, worker_line
 from ..policy.plan import Plan
 from ..policy.vllm_args import read_vllm_args, serve_args
+from .attention import install as install_attention
 from .dispatch import install as install_gdn_dispatch
 from .turbo import install_turbo
 
@@ -109,3 +110,4 @@ def register() -> None:
     apply_guards()
     install_turbo()   # every process that compiles Triton kernels needs the hook
     install_gdn_dispatch()  # our GDN prefill, registered when vLLM imports its GDN layer
+    install_attention()  # our fp8-KV attention backend (0.24+), registered when vLLM imports its registry

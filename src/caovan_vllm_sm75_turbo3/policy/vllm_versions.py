@@ -40,6 +40,17 @@ FEATURES: tuple[ReleaseFeature, ...] = (
                    "FlashInfer attention and sampler still run below SM80 (refused from 0.24)"),
     ReleaseFeature("triton-attn-fp8-kv-on-sm75", None, "0.23",
                    "Triton attention accepts fp8 KV below SM89 (rejected from 0.24)"),
+    ReleaseFeature("custom-attention-backend-registry", None, None,
+                   "AttentionBackendEnum.CUSTOM and register_backend(backend, class_path) in "
+                   "vllm/v1/attention/backends/registry.py (read 0.21.0 to 0.34.0)"),
+    ReleaseFeature("vllm-fp8-cache-write-on-sm75", None, "0.23",
+                   "TRITON_ATTN's cache write (triton_reshape_and_cache_flash, a Triton kernel) stores fp8 below "
+                   "SM89; from 0.24 it asserts has_device_capability(89) for any fp8 cache"),
+    ReleaseFeature("triton-attn-cudagraph-always", None, None,
+                   "TritonAttentionMetadataBuilder declares AttentionCGSupport.ALWAYS (FULL and PIECEWISE)"),
+    ReleaseFeature("attn:triton-attn-v024", "0.24", None,
+                   "our attention backend (CUSTOM) subclasses TRITON_ATTN of vllm/v1/attention/backends/"
+                   "triton_attn.py: fp8 KV on SM75 with our kernel and cache write"),
     ReleaseFeature("vllm-overrides-triton-cache-dir", None, "0.30",
                    "vLLM sets TRITON_CACHE_DIR inside its own compile cache"),
     ReleaseFeature("gdn:legacy-gdn-linear-attn-v020", None, "0.21",
@@ -118,6 +129,14 @@ def support_status(version: str | None) -> str:
     if v.base_version in TESTED:
         return "tested"
     return "supported-untested"
+
+
+def attention_family(version: str | None) -> str | None:
+    """Our attention backend's interface family for this release (None: vLLM's own serve SM75)."""
+    for f in FEATURES:
+        if f.name.startswith("attn:") and has(f.name, version):
+            return f.name.removeprefix("attn:")
+    return None
 
 
 def gdn_family(version: str | None) -> str | None:
