@@ -12,6 +12,8 @@ from conftest import EXAMPLES, facts_dict
 from caovan_vllm_sm75_turbo3.errors import SettingError
 from caovan_vllm_sm75_turbo3.policy.launch_fill import capture_sizes, conservative_tp, fill_launch
 from caovan_vllm_sm75_turbo3.policy.profiles import load_table
+from caovan_vllm_sm75_turbo3.policy.vllm_versions import release_pins
+from caovan_vllm_sm75_turbo3.policy.turbo import TurboDecision
 from caovan_vllm_sm75_turbo3.policy.vllm_args import read_vllm_args
 from caovan_vllm_sm75_turbo3.runtime.facts import Facts
 from caovan_vllm_sm75_turbo3.runtime.model import model_shape, read_model
@@ -37,6 +39,13 @@ def facts_for(vllm: str = "0.21.0", **changes) -> Facts:
     return Facts.from_dict(facts_dict(versions={"vllm": vllm}, **changes))
 
 
+def pinned_facts(vllm: str) -> Facts:
+    """2 x 2080 Ti with vLLM `vllm` and the Triton its wheel pins (data/vllm_release_pins.json)."""
+    pins = release_pins(vllm)
+    assert pins is not None and pins.triton_version
+    return Facts.from_dict(facts_dict(versions={"vllm": vllm, "triton": pins.triton_version}))
+
+
 def test_field_launch_on_2x22g_vllm021():
     r = fill(Facts.load(EXAMPLES / "2x2080ti-22g.json"))
     got = filled(r)
@@ -56,13 +65,14 @@ def test_field_launch_on_2x22g_vllm021():
 
 @pytest.mark.parametrize("vllm,kv,backend,mamba", [
     ("0.23.0", "fp8", "FLASHINFER", "align"),
-    ("0.24.0", "auto", "TRITON_ATTN", "align"),
-    ("0.32.0", "auto", "TRITON_ATTN", "align"),
-    ("0.33.0", "auto", "TRITON_ATTN", None),   # deprecated, no effect
+    ("0.24.0", "fp8", "CUSTOM", "align"),       # our attention backend, Triton 3.6: the hook's tensor cores
+    ("0.26.0", "fp8", "CUSTOM", "align"),
+    ("0.32.0", "auto", "TRITON_ATTN", "align"),  # Triton 3.7: the hook is not verified there
+    ("0.33.0", "auto", "TRITON_ATTN", None),     # deprecated, no effect
     ("0.34.0", "auto", "TRITON_ATTN", None),
 ])
 def test_release_rules(vllm, kv, backend, mamba):
-    got = filled(fill(facts_for(vllm)))
+    got = filled(fill(pinned_facts(vllm)))
     assert got["--kv-cache-dtype"] == kv and got["--attention-backend"] == backend
     assert got.get("--mamba-cache-mode") == mamba
     # fp16 KV takes twice the bytes: the context that fits is shorter than 0.21's 262144
@@ -91,7 +101,11 @@ def test_enforce_eager_gets_no_compilation_config():
 
 
 def test_user_bf16_and_fp8_on_new_release_warn_but_stay():
-    r = fill(facts_for("0.26.0"), "--dtype", "bfloat16", "--kv-cache-dtype", "fp8")
+    r = fill(pinned_facts("0.26.0"), "--dtype", "bfloat16", "--kv-cache-dtype", "fp8", "--enforce-eager")
+    assert any("bfloat16" in w for w in r.warnings) and not any("fp8" in w for w in r.warnings)
+    assert filled(r)["--attention-backend"] == "CUSTOM"  # ours serves the user's fp8 on 0.26
+    r = fill(Facts.from_dict(facts_dict(versions={"vllm": "0.26.0", "triton": "3.7.1"})), "--dtype", "bfloat16",
+             "--kv-cache-dtype", "fp8")
     assert "--dtype" not in filled(r) and "--kv-cache-dtype" not in filled(r)
     assert any("bfloat16" in w for w in r.warnings) and any("fp8" in w and "0.26" in w for w in r.warnings)
 
@@ -194,3 +208,30 @@ def test_reasons_name_the_profile_and_its_source_holds_the_field_numbers():
         assert "about 100 tok/s" in profile.source.detail and "45" in profile.source.detail, profile.name
         assert "2 and 4" in profile.source.detail and "2-3 %" in profile.source.detail, profile.name
     assert "2-3 %" in TABLE.conservative.source.detail
+
+
+@pytest.mark.parametrize("vllm", ["0.24.0", "0.26.0"])
+def test_fp8_kv_through_our_backend_keeps_the_021_context(vllm):
+    """Issue 20: with our attention backend, 0.24+ plans the same fp8 context as 0.21."""
+    ref = filled(fill(Facts.load(EXAMPLES / "2x2080ti-22g.json")))
+    r = fill(pinned_facts(vllm))
+    got = filled(r)
+    assert got["--kv-cache-dtype"] == "fp8" and got["--attention-backend"] == "CUSTOM"
+    assert got["--max-model-len"] == ref["--max-model-len"] == "262144"
+    assert "our attention backend" in next(a.reason for a in r.args if a.flag == "--attention-backend")
+
+
+def test_unverified_turbo_falls_back_to_fp16_kv_with_the_reason():
+    """0.33 pins Triton 3.8, where the Turbo hook is not verified (yet): fp16 KV on TRITON_ATTN, saying why;
+    the rule follows the Turbo decision, not a list of releases."""
+    r = fill(pinned_facts("0.33.0"))
+    got = filled(r)
+    assert got["--kv-cache-dtype"] == "auto" and got["--attention-backend"] == "TRITON_ATTN"
+    assert int(got["--max-model-len"]) < 262144
+    why = next(a.reason for a in r.args if a.flag == "--kv-cache-dtype")
+    assert "turbo=off-unverified-triton-3.8.0" in why and "tensor cores" in why
+    verified = TurboDecision(True, True, "auto", "Triton 3.8 verified (hypothetical)")
+    got = filled(fill_launch(pinned_facts("0.33.0"), read_model(str(QWEN)), "auto",
+                             read_vllm_args([str(QWEN)]), TABLE, turbo=verified))
+    assert got["--kv-cache-dtype"] == "fp8" and got["--attention-backend"] == "CUSTOM"
+    assert got["--max-model-len"] == "262144"

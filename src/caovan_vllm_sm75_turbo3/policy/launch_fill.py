@@ -5,8 +5,9 @@ vLLM arguments and the profile table in; the arguments to add (each with its rea
 memory arithmetic and the decisions as lines, and warnings out. A value the user gave is
 never replaced: it is used for the arithmetic and reported as kept. Rules that hold for
 every profile live here, not in the data:
-- fp8 KV only where the vLLM release has an attention backend that serves it on SM75;
-  FlashInfer attention only where the release still runs it below SM80;
+- fp8 KV only where an attention backend serves it on SM75: vLLM's own up to 0.23, ours
+  (`--attention-backend CUSTOM`, plugin/attention) from 0.24 where the Turbo hook gives our
+  kernel tensor cores; FlashInfer attention only where the release still runs it below SM80;
 - speculative decoding (MTP) only when the checkpoint has MTP weights;
 - with MTP on a hybrid GDN model, PIECEWISE CUDA graphs (FULL graphs corrupt the output)
   with capture sizes for max-num-seqs x (1 + draft tokens);
@@ -22,10 +23,12 @@ from typing import Any
 
 from .. import safe_json
 
+from ..config import Settings
 from ..runtime.facts import Facts
 from ..runtime.model import ModelFacts, ModelShape, model_shape
 from . import vllm_versions as vv
 from .memory_plan import MemoryInputs, MemoryPlan, plan_memory
+from .turbo import TurboDecision, decide_turbo
 from .profiles import Family, Profile, ProfileTable, Setup, matches, select, setup_of
 from .vllm_args import AUTO_LEN, LaunchNumbers, VllmArgs, check_launch_args
 
@@ -54,9 +57,27 @@ class LaunchFill:
     setup: Setup | None = None
 
 
-def fp8_kv_on_sm75(version: str | None) -> bool:
-    """Whether this vLLM release has an attention backend that serves fp8 KV on SM75."""
+OUR_BACKEND = "CUSTOM"  # the --attention-backend name our backend registers as (plugin/attention)
+
+
+def vllm_fp8_kv_on_sm75(version: str | None) -> bool:
+    """Whether one of this vLLM release's own attention backends serves fp8 KV on SM75."""
     return bool(vv.has("triton-attn-fp8-kv-on-sm75", version) or vv.has("flashinfer-on-sm75", version))
+
+
+def our_backend_problem(version: str | None, turbo: TurboDecision) -> str | None:
+    """Why our attention backend cannot serve fp8 KV with this release and Turbo decision (None: it can)."""
+    if vv.attention_family(version) is None or vv.support_status(version) == "too-new":
+        return f"vLLM {version} has no attention interface family of ours"
+    if not turbo.tensor_cores:
+        return (f"turbo={turbo.line} ({turbo.reason}): our attention kernel needs the Turbo hook's tensor cores, "
+                "so fp8 KV through our backend is not planned")
+    return None
+
+
+def fp8_kv_on_sm75(version: str | None, turbo: TurboDecision | None = None) -> bool:
+    """Whether fp8 KV is served on SM75: by vLLM's own backends, or by ours given the Turbo decision."""
+    return vllm_fp8_kv_on_sm75(version) or (turbo is not None and our_backend_problem(version, turbo) is None)
 
 
 def mamba_align_effective(version: str | None) -> bool:
@@ -163,11 +184,13 @@ def _model_line(shape: ModelShape, model: ModelFacts, family: str | None) -> str
 
 
 def fill_launch(facts: Facts, model: ModelFacts | None, profile_setting: str, args: VllmArgs,
-                table: ProfileTable, numbers: LaunchNumbers | None = None) -> LaunchFill:
+                table: ProfileTable, numbers: LaunchNumbers | None = None,
+                turbo: TurboDecision | None = None) -> LaunchFill:
     """Decide the vLLM arguments to add for this machine and model (see the module doc).
 
     `numbers` are the user's numeric arguments as the launch checked them (check_launch_args);
-    without them they are read here, and a value that does not pass counts as not given."""
+    without them they are read here, and a value that does not pass counts as not given.
+    `turbo` is the plan's Turbo decision (None: the one for default settings and these facts)."""
     if profile_setting == "none":
         return LaunchFill(None)  # the user's arguments only, nothing to explain
     if not facts.sm75_count:
@@ -186,8 +209,9 @@ def fill_launch(facts: Facts, model: ModelFacts | None, profile_setting: str, ar
     tp = _fill_tensor_parallel(f, launch, facts.sm75_count, shape, planned)
     _fill_dtype(f, launch)
     _check_user_dtype(f)
-    kv = _fill_kv_cache_dtype(f, launch, version)
-    _fill_attention_backend(f, launch, version)
+    turbo = turbo or decide_turbo(facts, Settings(), facts.versions.triton)
+    kv = _fill_kv_cache_dtype(f, launch, version, turbo)
+    _fill_attention_backend(f, launch, version, kv)
     draft = _fill_speculative(f, profile, shape, model, table.families.get(setup.family or ""))
     util = _fill_gpu_memory_utilization(f, launch, profile.name, planned)
     inputs = None if setup.gpu_memory_mib is None else MemoryInputs(
@@ -263,20 +287,25 @@ def _check_user_dtype(f: _Filler) -> None:
         f.warnings.append("--dtype bfloat16 on SM75: Turing has no bf16, vLLM will refuse it; use half")
 
 
-def _fill_kv_cache_dtype(f: _Filler, launch: dict[str, Any], version: str | None) -> str:
-    """KV cache dtype: fp8 only where this release can serve it on SM75. Returns the effective one."""
+def _fill_kv_cache_dtype(f: _Filler, launch: dict[str, Any], version: str | None, turbo: TurboDecision) -> str:
+    """KV cache dtype: fp8 only where a backend serves it on SM75 (vLLM's, or ours from 0.24). Returns
+    the effective one."""
     kv_pref = launch.get("kv_cache_dtype")
     if kv_pref:
-        if kv_pref in KV_BYTES and not fp8_kv_on_sm75(version):
+        if kv_pref in KV_BYTES and not fp8_kv_on_sm75(version, turbo):
             f.fill("--kv-cache-dtype", "auto", f"the profile asks {kv_pref}, but vLLM {version} has no attention "
                    "backend for fp8 KV on SM75 (FlashInfer is refused below SM80 and Triton attention rejects "
-                   "fp8 below SM89 from 0.24): fp16 KV")
+                   f"fp8 below SM89 from 0.24) and ours cannot serve it: {our_backend_problem(version, turbo)}: "
+                   "fp16 KV")
+        elif kv_pref in KV_BYTES and not vllm_fp8_kv_on_sm75(version):
+            f.fill("--kv-cache-dtype", kv_pref, f"fp8 KV halves the cache; vLLM {version} refuses it on SM75, our "
+                   f"attention backend ({OUR_BACKEND}, Turbo tensor cores) serves it")
         else:
             why = ("fp8 KV halves the cache; vLLM " + str(version) + " serves it on SM75"
                    if kv_pref in KV_BYTES else "the model dtype")
             f.fill("--kv-cache-dtype", kv_pref, why)
     kv_given = f.user_value("--kv-cache-dtype")
-    if isinstance(kv_given, str) and kv_given in KV_BYTES and not fp8_kv_on_sm75(version):
+    if isinstance(kv_given, str) and kv_given in KV_BYTES and not fp8_kv_on_sm75(version, turbo):
         f.warnings.append(f"--kv-cache-dtype {kv_given} kept as given, but vLLM {version} has no backend that "
                           "serves fp8 KV on SM75: the start will fail")
     if isinstance(kv_given, str):
@@ -284,12 +313,16 @@ def _fill_kv_cache_dtype(f: _Filler, launch: dict[str, Any], version: str | None
     return str(next((a.value for a in f.args if a.flag == "--kv-cache-dtype"), "auto"))
 
 
-def _fill_attention_backend(f: _Filler, launch: dict[str, Any], version: str | None) -> None:
-    """The profile's attention backend, Triton where this release refuses FlashInfer on SM75."""
+def _fill_attention_backend(f: _Filler, launch: dict[str, Any], version: str | None, kv: str) -> None:
+    """The profile's attention backend: ours where fp8 KV rests on it, Triton where this release
+    refuses FlashInfer on SM75. `kv` is the effective KV cache dtype."""
     backend = launch.get("attention_backend")
     if not backend:
         return
-    if backend == "FLASHINFER" and not vv.has("flashinfer-on-sm75", version):
+    if kv in KV_BYTES and not vllm_fp8_kv_on_sm75(version):
+        f.fill("--attention-backend", OUR_BACKEND, f"fp8 KV on SM75 with vLLM {version}: our attention backend, "
+               "registered as CUSTOM (vLLM's TRITON_ATTN with our kernel and fp8 cache write)")
+    elif backend == "FLASHINFER" and not vv.has("flashinfer-on-sm75", version):
         f.fill("--attention-backend", "TRITON_ATTN", f"the profile asks FLASHINFER, refused below SM80 in "
                f"vLLM {version}: Triton attention, the backend left on SM75")
     else:
