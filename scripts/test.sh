@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
-# Usage: bash scripts/test.sh [--fast] [PYTEST ARGS...]
+# Usage: bash scripts/test.sh [--fast | --tritons] [PYTEST ARGS...]
 #
 #   (default)  the full suite, in the vLLM venv: .venv (CAOVAN_TEST_VENV), built if missing
 #              (vllm==0.21.0 from PyPI, about 5 minutes and 8 GB). Every marked test runs there.
 #   --fast     only the tests that need neither vLLM, torch nor Triton (markers vllm, torch,
 #              triton, triton_compile in pyproject.toml), in a light venv: .venv-fast
 #              (CAOVAN_TEST_FAST_VENV) with this project and its test extras only. About a minute.
+#   --tritons  our own GDN kernels and the Turbo hook against every other Triton that a supported
+#              vLLM release pins (data/vllm_release_pins.json; 0.21.0's is the full lane's), each in
+#              a venv holding Triton, this project and its test extras only (.venv-triton37, ...; no
+#              torch, no vLLM): the hook's protocol and compile tests, then `caovan-sm75-kernels check`
+#              of _prep_kernel and _state_kernel (every pinned config plain and turbo for sm_75).
+#              About 4 minutes per Triton on 2 cores, plus its 200-250 MB wheel.
 #   --help     this text.
 #
 # Both install this project editable with its test extras first. Extra arguments go to pytest.
@@ -16,8 +22,29 @@ PY=${PYTHON:-python3}
 case "${1:-}" in
   -h|--help) sed -n '2,/^set /p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
   --fast) shift; lane=fast ;;
+  --tritons) shift; lane=tritons ;;
   *) lane=full ;;
 esac
+
+if [ "$lane" = tritons ]; then
+  pins=$("$PY" -c '
+import json
+rel = json.load(open("src/caovan_vllm_sm75_turbo3/data/vllm_release_pins.json"))["releases"]
+print(" ".join(sorted({r["triton"] for r in rel.values()} - {rel["0.21.0"]["triton"]})))')
+  for pin in $pins; do
+    case "$pin" in [0-9]*) req="triton==$pin" ;; *) req="triton$pin" ;; esac
+    VENV=.venv-triton$(echo "$pin" | sed -E 's/^[^0-9]*([0-9]+)\.([0-9]+).*/\1\2/')
+    [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+    "$VENV/bin/pip" install -q "$req"
+    "$VENV/bin/pip" install -q -e ".[test]"
+    echo "== Triton $("$VENV/bin/python" -c 'import triton; print(triton.__version__)') ($req, $VENV)"
+    # The compile tests run in this process: nothing here has run Triton's interpreter.
+    CAOVAN_TURBO_TEST_CHILD=1 "$VENV/bin/python" -m pytest -q -p no:cacheprovider -rs \
+      tests/test_turbo_protocol.py tests/test_turbo_hook.py tests/test_turbo_compile.py "$@"
+    "$VENV/bin/caovan-sm75-kernels" check --kernel _prep_kernel --kernel _state_kernel
+  done
+  exit 0
+fi
 
 if [ "$lane" = fast ]; then
   VENV=${CAOVAN_TEST_FAST_VENV:-.venv-fast}
