@@ -88,9 +88,10 @@ def tree_hash(top: Path) -> str:
         for name in sorted(dirnames + filenames):
             p = os.path.join(dirpath, name)
             st = os.lstat(p)
-            h.update(f"{os.path.relpath(p, top)}|{st.st_mode}|{st.st_size}|{st.st_mtime_ns}".encode())
+            line = f"{os.path.relpath(p, top)}|{st.st_mode}|{st.st_size}|{st.st_mtime_ns}"
+            h.update(line.encode("utf-8", "surrogateescape"))  # names need not be UTF-8
             if stat.S_ISLNK(st.st_mode):
-                h.update(os.readlink(p).encode())
+                h.update(os.readlink(p).encode("utf-8", "surrogateescape"))
             elif stat.S_ISREG(st.st_mode):
                 try:
                     h.update(Path(p).read_bytes())
@@ -159,3 +160,35 @@ def restore_modes(top: Path) -> None:
             p = os.path.join(dirpath, d)
             if not os.path.islink(p):
                 os.chmod(p, 0o755)
+
+
+def make_deep(top: Path, levels: int, name: str = "d") -> None:
+    """`top/d/d/.../d` `levels` deep, made through directory descriptors (the path is far over PATH_MAX)."""
+    top.mkdir(parents=True, exist_ok=True)
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(levels):
+            os.mkdir(name, dir_fd=fd)
+            child = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = child
+    finally:
+        os.close(fd)
+
+
+def remove_deep(top: Path, name: str = "d") -> None:
+    """Remove what make_deep left (any depth), without recursion: rename each level up to `top`, then rmdir."""
+    if not top.is_dir():
+        return
+    n = 0
+    while (top / name).is_dir():
+        inner = top / name / name
+        if inner.is_dir():
+            os.rename(inner, top / f".up{n}")  # lift the grandchild one level, so the child is empty
+            os.rmdir(top / name)
+            os.rename(top / f".up{n}", top / name)
+            n += 1
+        else:
+            for p in (top / name).iterdir():
+                p.unlink()
+            os.rmdir(top / name)

@@ -101,7 +101,11 @@ def test_a_symlinked_shared_default_is_emptied_where_it_points(cenv, capsys, mon
     (real / "k" / "bin").write_bytes(b"1")
     (cenv.home / ".triton").mkdir()
     (cenv.home / ".triton" / "cache").symlink_to(real)
+    # the real target lies outside the home cache folders: --yes alone leaves it (issue 17) ...
     code, out, err = run(["clean", "--all", "--yes"], capsys, monkeypatch)
+    assert code == 1 and (real / "k" / "bin").read_bytes() == b"1"
+    # ... and the second, explicit yes empties it where it points
+    code, out, err = run(["clean", "--all", "--yes", "--yes-outside-home-cache"], capsys, monkeypatch)
     assert code == 0, out + err
     assert (cenv.home / ".triton" / "cache").is_symlink() and real.is_dir() and list(real.iterdir()) == []
 
@@ -359,7 +363,8 @@ def test_refusal_rules(cenv):
         os.chown(theirs, 65534, 65534)
         assert "belongs to uid 65534" in refusal(theirs, env)
     else:
-        assert "belongs to uid 0" in refusal(Path("/usr/share"), env)
+        assert "belongs to uid 0" in refusal(Path("/var/lib"), env)
+    assert "system directory /usr" in refusal(Path("/usr/share"), env)
     ok = cenv.home / ".cache" / "vllm"
     ok.mkdir()
     assert refusal(ok, env) is None

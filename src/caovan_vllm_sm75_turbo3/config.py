@@ -170,7 +170,13 @@ def _parse(spec: SettingSpec, raw: Any, where: str) -> Any:
             raise bad()
         return text.lower()
     if spec.kind == "path":
-        return os.path.expanduser(text) if text else ""
+        path = os.path.expanduser(text) if text else ""
+        if spec.name == "cache_dir" and path:  # absolute once, here: every later reader sees the same root
+            if path.startswith("~"):
+                raise SettingError(f"{where}={safe_json.short(raw)} is not accepted: {path.split('/')[0]} "
+                                   "cannot be expanded (no such user); use an absolute path.")
+            path = os.path.abspath(path)
+        return path
     if not text:
         raise bad()
     return text

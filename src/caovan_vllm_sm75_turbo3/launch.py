@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .caches.key import env_key
-from .caches.layout import KeyDir, cache_root, existing_keys, is_empty, prepare
+from .caches.layout import KeyDir, checked_root, existing_keys, is_empty, prepare
 from .config import Settings, load_settings
 from .policy.guards import CacheState
 from .policy.launch_fill import LaunchFill, fill_launch
@@ -66,7 +66,7 @@ def plan_launch(env: Mapping[str, str], args: VllmArgs, cli: Mapping[str, Any] |
     facts = load_facts(settings.facts, env)
     keydir = None
     if settings.active and settings.cache_isolation and facts.sm75_count:
-        keydir = KeyDir(cache_root(settings.cache_dir, env), env_key(facts))
+        keydir = KeyDir(checked_root(settings.cache_dir, settings.source("cache_dir"), env), env_key(facts))
     # Read the cache before prepare() creates it, so the plan can tell a cold start.
     state = _cache_state(keydir) if keydir else None
     checked = check_launch_args(args, len(facts.gpus)) if fill_args else None

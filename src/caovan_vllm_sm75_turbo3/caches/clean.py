@@ -25,53 +25,47 @@ from pathlib import Path
 from typing import Any
 
 from .inventory import KEY, SHARED, USER_SET, CacheEntry, Inventory
-from .layout import ENVS, IN_USE_LOCK, users
-from .locations import home_dir, tmp_dir, xdg_cache_dir
+from .layout import ENVS, IN_USE_LOCK, root_refusal, users
+from .locations import home_cache_folders, is_inside
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-MAX_DEPTH = 200  # deeper than any real cache; also bounds the open descriptors
+MAX_DEPTH = 200  # deeper than any real cache; also bounds the open descriptors and the recursion
+PROTECTED = "protected (a cache root or a directory set by you); not entered"
 
 
 def refusal(path: Path, env: Mapping[str, str]) -> str | None:
-    """Why `path` must never be a deletion root, or None when it may be one."""
-    try:
-        resolved = Path(os.path.realpath(path))
-        if not path.is_absolute():
-            return f"{path} is not an absolute path"
-        if resolved == Path("/"):
-            return f"{path} is the file-system root /"
-        home = Path(os.path.realpath(home_dir(env)))
-        if resolved == home or resolved in home.parents:
-            return f"{path} is your home directory or holds it ({home})"
-        if len(resolved.parts) < 3:
-            return f"{path} resolves to the top-level directory {resolved}"
-        for broad in (xdg_cache_dir(env), home / ".cache", tmp_dir(env), Path("/tmp"), Path("/var/tmp")):
-            if resolved == Path(os.path.realpath(broad)):
-                return f"{path} resolves to {resolved}, a directory shared by everything"
-        st = os.stat(resolved)
-        if not stat.S_ISDIR(st.st_mode):
-            return f"{path} is not a directory"
-        if st.st_uid != os.geteuid():
-            return f"{resolved} belongs to uid {st.st_uid}, not to you"
-        lst = os.lstat(path)
-        if stat.S_ISLNK(lst.st_mode) and lst.st_uid != os.geteuid():
-            return f"{path} is a symlink made by uid {lst.st_uid}, not by you"
-    except OSError as err:
-        return f"{path} cannot be checked: {err.strerror or err}"
-    return None
+    """Why `path` must never be a deletion root, or None when it may be one (`layout.root_refusal`,
+    the rule `caovan-vllm-serve` applies to a cache root too; here the path must exist)."""
+    return root_refusal(path, env, must_exist=True)
 
 
 @dataclass
 class Target:
-    """One thing to delete: `names` under the directory `root` (None: everything in `root`)."""
+    """One thing to delete: `names` under the directory `root` (None: everything in `root`).
+
+    `root` is resolved (what really goes); `outside` is True when it lies outside the user's home
+    cache folders (`locations.home_cache_folders`), so clean asks for it once more.
+    """
 
     entry: CacheEntry
     root: Path
     names: tuple[str, ...] | None
+    outside: bool = False
 
     @property
     def group(self) -> str:
+        if self.outside:
+            return "outside"
         return "shared" if self.entry.kind == SHARED else "ours"
+
+    @property
+    def real_path(self) -> Path:
+        """The path that is really removed (or emptied), every symlink resolved."""
+        return self.root if self.names is None else self.root / self.names[0]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.entry.to_dict(), group=self.group, real_path=str(self.real_path),
+                    outside_home_caches=self.outside)
 
 
 @dataclass
@@ -108,6 +102,7 @@ def plan_clean(inv: Inventory, env: Mapping[str, str], *, everything: bool, shar
     """
     plan = Plan()
     envs = inv.root / ENVS
+    folders = home_cache_folders(env, inv.root)
     our_refusal = None
     if os.path.lexists(inv.root):
         our_refusal = refusal(inv.root, env) or (refusal(envs, env) if os.path.lexists(envs) else None)
@@ -134,7 +129,8 @@ def plan_clean(inv: Inventory, env: Mapping[str, str], *, everything: bool, shar
                 plan.busy.append((e, "vLLM is running (process " + ", ".join(map(str, vllm_pids))
                                      + ") and may be using it; stop it first or pass --force"))
             else:
-                plan.targets.append(Target(e, Path(os.path.realpath(e.path)), None))
+                real = Path(os.path.realpath(e.path))
+                plan.targets.append(Target(e, real, None, outside=not is_inside(real, folders)))
         elif e.kind == USER_SET:
             if everything and shared and e.exists:
                 plan.skipped.append((e, f"set by you in {e.variable}; remove it yourself if you mean to"))
@@ -150,24 +146,31 @@ def _in_use_text(pids: list[int]) -> str:
 
 @dataclass
 class Outcome:
-    """What a clean did. `not_removed` and `vanished` make the command exit non-zero."""
+    """What a clean did. `not_removed`, `vanished` and `partly_removed` make the command exit non-zero.
+
+    `partly_removed`: (target, entries left, the first one left, why) for a target that is not
+    wholly gone (a key) or emptied (a shared default; our own protected root inside it aside).
+    """
 
     removed: list[str] = field(default_factory=list)
     not_removed: list[tuple[str, str]] = field(default_factory=list)
     vanished: list[str] = field(default_factory=list)
     kept: list[tuple[str, str]] = field(default_factory=list)
+    partly_removed: list[tuple[str, int, str, str]] = field(default_factory=list)
     files_removed: int = 0
     bytes_removed: int = 0
 
     @property
     def ok(self) -> bool:
-        return not self.not_removed and not self.vanished
+        return not self.not_removed and not self.vanished and not self.partly_removed
 
     def to_dict(self) -> dict[str, Any]:
         return {"removed": self.removed, "files_removed": self.files_removed,
                 "bytes_removed": self.bytes_removed,
                 "not_removed": [{"path": p, "reason": r} for p, r in self.not_removed],
-                "vanished": self.vanished, "kept": [{"path": p, "reason": r} for p, r in self.kept]}
+                "vanished": self.vanished, "kept": [{"path": p, "reason": r} for p, r in self.kept],
+                "partly_removed": [{"path": p, "entries_left": n, "left": left, "reason": r}
+                                   for p, n, left, r in self.partly_removed]}
 
 
 class _Remover:
@@ -197,7 +200,7 @@ class _Remover:
             self.out.bytes_removed += st.st_size
             return True
         if (st.st_dev, st.st_ino) in self.protected:
-            self.out.kept.append((shown, "protected (a cache root or a directory set by you); not entered"))
+            self.out.kept.append((shown, PROTECTED))
             return False
         if st.st_dev != self.dev:
             self.out.kept.append((shown, "another file system is mounted here; not crossed"))
@@ -275,18 +278,30 @@ def _lock_exclusive(envs_fd: int, name: str) -> tuple[int | None, bool]:
         kfd = os.open(name, _DIR_FLAGS, dir_fd=envs_fd)
     except OSError:
         return None, False  # a link or gone: nobody can hold a lock in it through us
-    try:
-        lfd = os.open(IN_USE_LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=kfd)
+    try:  # never open what is not a regular file (a FIFO blocks, a device may act); non-blocking for a swap
+        if not stat.S_ISREG(os.stat(IN_USE_LOCK, dir_fd=kfd, follow_symlinks=False).st_mode):
+            return None, False  # hold_in_use never locks anything else: nobody holds it
+        lfd = os.open(IN_USE_LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=kfd)
     except OSError:
         return None, False
     finally:
         os.close(kfd)
+    if not stat.S_ISREG(os.fstat(lfd).st_mode):  # hold_in_use never locks anything else: nobody holds it
+        os.close(lfd)
+        return None, False
     try:
         fcntl.flock(lfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         os.close(lfd)
         return None, True
     return lfd, False
+
+
+def _partly(out: Outcome, target: str, mark: tuple[int, int], by_design: tuple[str, ...] = ()) -> None:
+    """Record `target` as partly removed with what was left since `mark` (lengths of not_removed, kept)."""
+    left = out.not_removed[mark[0]:] + [k for k in out.kept[mark[1]:] if k[1] not in by_design]
+    if left:
+        out.partly_removed.append((target, len(left), left[0][0], left[0][1]))
 
 
 def execute(targets: Iterable[Target], env: Mapping[str, str], *, protect: Iterable[Path],
@@ -316,11 +331,14 @@ def execute(targets: Iterable[Target], env: Mapping[str, str], *, protect: Itera
                 except OSError as err:
                     out.not_removed.append((str(t.root), err.strerror or str(err)))
                     continue
+                mark = (len(out.not_removed), len(out.kept))
                 gone = True
                 for n in names:
                     gone = remover.remove(root_fd, n, f"{t.root}/{n}") and gone
                 if gone:
                     out.removed.append(str(t.entry.path))
+                else:
+                    _partly(out, str(t.entry.path), mark, by_design=(PROTECTED,))
                 continue
             for n in t.names:
                 if "/" in n or n in ("", ".", ".."):
@@ -332,7 +350,10 @@ def execute(targets: Iterable[Target], env: Mapping[str, str], *, protect: Itera
                     continue
                 try:
                     shown = f"{t.root}/{n}"
-                    if remover.remove(root_fd, n, shown) and shown not in out.vanished:
+                    mark = (len(out.not_removed), len(out.kept))
+                    if not remover.remove(root_fd, n, shown):
+                        _partly(out, str(t.entry.path), mark)
+                    elif shown not in out.vanished:
                         out.removed.append(str(t.entry.path))
                 finally:
                     if lock_fd is not None:

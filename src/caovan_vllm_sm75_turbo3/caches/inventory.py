@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .key import NAME_RE, EnvKey
-from .layout import ENVS, lock_is_held, read_manifest, users
+from .layout import ENVS, IN_USE_LOCK, MANIFEST, MANIFEST_LOCK, lock_is_held, read_manifest, special_kind, users
 from .locations import CACHE_VARIABLES
 
 # kind of an entry
@@ -23,42 +23,61 @@ USER_SET = "user-set"  # a cache directory the user chose with an environment va
 UNKNOWN = "unknown"    # something under envs/ that we did not create: listed, never cleaned
 
 
+# Entries counted per tree before `list` stops and says "at least": bounds its time on a huge cache.
+WALK_LIMIT = 200_000
+_UNREADABLE_SHOWN = 20
+
+
 @dataclass
 class TreeStats:
-    """Size (apparent bytes), entries that are not directories, newest mtime, and unreadable directories."""
+    """Size (apparent bytes), entries that are not directories, newest mtime, and unreadable directories.
+
+    `complete` is False when the walk stopped at WALK_LIMIT entries: size and files are then lower bounds.
+    """
 
     size_bytes: int = 0
     files: int = 0
     newest_mtime: float | None = None
     unreadable: list[str] = field(default_factory=list)
+    complete: bool = True
 
 
 def tree_stats(top: Path) -> TreeStats:
-    """Walk `top` without following symlinks (a link counts as one file of its own size)."""
+    """Walk `top` iteratively (any depth) without following symlinks (a link counts as one file of its
+    own size), stopping after WALK_LIMIT entries."""
     stats = TreeStats()
     stack = [str(top)]
-    while stack:
+    budget = WALK_LIMIT
+    while stack and stats.complete:
         d = stack.pop()
         try:
-            with os.scandir(d) as it:
-                entries = list(it)
+            with os.scandir(d) as it:  # iterated, not listed: a directory of millions stops at the budget
+                for e in it:
+                    if budget <= 0:
+                        stats.complete = False
+                        break
+                    budget -= 1
+                    _count(e, stats, stack)
         except FileNotFoundError:
             continue
-        except OSError:
-            stats.unreadable.append(d)
-            continue
-        for e in entries:
-            try:
-                st = e.stat(follow_symlinks=False)
-            except OSError:
-                continue  # vanished while we looked
-            if e.is_dir(follow_symlinks=False):
-                stack.append(e.path)
-                continue
-            stats.files += 1
-            stats.size_bytes += st.st_size
-            stats.newest_mtime = max(stats.newest_mtime or st.st_mtime, st.st_mtime)
+        except OSError:  # permissions, or a path longer than PATH_MAX (thousands of levels)
+            if len(stats.unreadable) < _UNREADABLE_SHOWN:
+                stats.unreadable.append(d)
     return stats
+
+
+def _count(e: os.DirEntry, stats: TreeStats, stack: list[str]) -> None:
+    """Add one entry to `stats`; a directory goes on `stack` (never a link to one)."""
+    try:
+        st = e.stat(follow_symlinks=False)
+    except OSError:
+        return  # vanished while we looked
+    if e.is_dir(follow_symlinks=False):
+        stack.append(e.path)
+        return
+    stats.files += 1
+    stats.size_bytes += st.st_size
+    stats.newest_mtime = max(stats.newest_mtime or st.st_mtime, st.st_mtime)
 
 
 @dataclass
@@ -100,6 +119,7 @@ class CacheEntry:
             "resolved": str(self.resolved) if self.resolved else None,
             "size_bytes": self.stats.size_bytes, "files": self.stats.files,
             "last_used": self.last_used.isoformat(timespec="seconds") if self.last_used else None,
+            "complete": self.stats.complete,
             "in_use": self.in_use, "users": list(self.users), "unreadable": list(self.stats.unreadable),
             "variable": self.variable or None, "note": self.note or None}
 
@@ -156,19 +176,30 @@ def key_entries(root: Path, current: EnvKey) -> list[CacheEntry]:
                 note=f"a symlink to {target}; never followed: clean removes the link, not what it points to"))
             continue
         if not (named and e.is_dir(follow_symlinks=False)):
-            out.append(CacheEntry(UNKNOWN, e.name, path, True, False, tree_stats(path) if e.is_dir(
-                follow_symlinks=False) else TreeStats(files=1, size_bytes=_lsize(path)),
-                note="not created by caovan (not named like an environment key); never cleaned"))
+            is_dir = e.is_dir(follow_symlinks=False)
+            kind = special_kind(path)
+            why = f"{kind}, not a directory" if named and kind else "not named like an environment key"
+            out.append(CacheEntry(UNKNOWN, e.name, path, True, False, tree_stats(path) if is_dir
+                                  else TreeStats(files=1, size_bytes=_lsize(path)),
+                                  note=f"not created by caovan ({why}); never cleaned"))
             continue
         stats = tree_stats(path)
         held = lock_is_held(path)
         entry = CacheEntry(KEY, e.name, path, True, e.name == current.name, stats,
                            last_used=_manifest_time(path) or _mtime_dt(stats.newest_mtime),
                            users=users(path) if held else [], in_use=held)
-        if read_manifest(path) is None:
-            entry.note = "no readable manifest.json"
+        entry.note = _key_note(path)
         out.append(entry)
     return out
+
+
+def _key_note(path: Path) -> str:
+    """What is wrong with a key directory's own files: special files are named, never opened."""
+    odd = [f"{name} is {kind}" for name in (MANIFEST, IN_USE_LOCK, MANIFEST_LOCK)
+           if (kind := special_kind(path / name))]
+    if not odd and read_manifest(path) is None:
+        return "no readable manifest.json"
+    return "; ".join(o + " (not opened; clean removes it with the key)" for o in odd)
 
 
 def _lsize(path: Path) -> int:
@@ -181,7 +212,8 @@ def _lsize(path: Path) -> int:
 def _dir_entry(kind: str, name: str, path: Path, current: bool, variable: str, note: str = "") -> CacheEntry:
     is_link = path.is_symlink()
     exists = path.is_dir()
-    resolved = Path(os.path.realpath(path)) if is_link else None
+    real = Path(os.path.realpath(path))
+    resolved = real if is_link or real != path else None  # a link on the path, or in a parent
     stats = tree_stats(resolved or path) if exists else TreeStats()
     return CacheEntry(kind, name, path, exists, current, stats, resolved=resolved, is_link=is_link,
                       last_used=_mtime_dt(stats.newest_mtime), variable=variable, note=note)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import stat
 import tempfile
 import time
 from collections.abc import Mapping
@@ -28,9 +29,9 @@ import psutil
 from filelock import FileLock, Timeout
 
 from .. import __version__
-from ..errors import CaovanError
+from ..errors import CaovanError, SettingError
 from .key import EnvKey
-from .locations import CACHE_VARIABLES, xdg_cache_dir
+from .locations import CACHE_VARIABLES, home_dir, tmp_dir, too_broad, xdg_cache_dir
 
 CACHE_DIRS: dict[str, str] = {c.variable: c.name for c in CACHE_VARIABLES}  # variable -> subdirectory
 ROOT_NAME = "caovan-sm75-turbo3"
@@ -52,6 +53,67 @@ def cache_root(cache_dir_setting: str, env: Mapping[str, str]) -> Path:
     if cache_dir_setting:
         return Path(cache_dir_setting)
     return xdg_cache_dir(env) / ROOT_NAME
+
+
+ACCEPTED_ROOTS = ("an absolute directory of its own: not /, $HOME or a directory holding it, a top-level "
+                  "or system directory (/usr, /etc, ...), nor the whole ~/.cache or temp directory")
+
+
+def root_refusal(path: Path, env: Mapping[str, str], *, must_exist: bool = True) -> str | None:
+    """Why `path` may be neither a cache root nor a deletion root; None when it may be one.
+
+    The one rule `caovan-vllm-serve` (before it creates a key directory) and `caovan-sm75-cache
+    clean` (before it deletes) both apply. A symlinked path is judged where it points. With
+    `must_exist` False a path that does not exist yet is judged by its name alone.
+    """
+    try:
+        if not path.is_absolute():
+            return f"{path} is not an absolute path"
+        resolved = Path(os.path.realpath(path))
+        home = Path(os.path.realpath(home_dir(env)))
+        broad = too_broad(resolved, home)
+        if broad:
+            return f"{path} is {broad}" if resolved == path else f"{path} resolves to {resolved}, {broad}"
+        for shared in (xdg_cache_dir(env), home / ".cache", tmp_dir(env), Path("/tmp"), Path("/var/tmp")):
+            if resolved == Path(os.path.realpath(shared)):
+                return f"{path} resolves to {resolved}, a directory shared by everything"
+        if not must_exist and not os.path.lexists(path):
+            return None
+        st = os.stat(resolved)
+        if not stat.S_ISDIR(st.st_mode):
+            return f"{path} is not a directory"
+        if st.st_uid != os.geteuid():
+            return f"{resolved} belongs to uid {st.st_uid}, not to you"
+        lst = os.lstat(path)
+        if stat.S_ISLNK(lst.st_mode) and lst.st_uid != os.geteuid():
+            return f"{path} is a symlink made by uid {lst.st_uid}, not by you"
+    except OSError as err:
+        return f"{path} cannot be checked: {err.strerror or err}"
+    except ValueError as err:  # a NUL byte in a path from the environment
+        return f"{path!r} cannot be checked: {err}"
+    return None
+
+
+def _setting_name(source: str) -> str:
+    """How the user spelled the setting, from `Settings.source("cache_dir")`."""
+    if source.startswith("env "):
+        return source[4:]
+    if source.startswith("flag "):
+        return source[5:]
+    if source.startswith("additional-config "):
+        return f"--additional-config key {source.split(' ', 1)[1]!r}"
+    return "the default root ${XDG_CACHE_HOME:-$HOME/.cache}/caovan-sm75-turbo3 (set CAOVAN_CACHE_DIR)"
+
+
+def checked_root(cache_dir_setting: str, source: str, env: Mapping[str, str]) -> Path:
+    """`cache_root()` after `root_refusal()`: the root a launch may create. Raises SettingError (exit 2)
+    naming where the value came from (`source`, as `Settings.source` says) and what is accepted."""
+    root = cache_root(cache_dir_setting, env)
+    why = root_refusal(root, env, must_exist=False)
+    if why:
+        raise SettingError(f"{_setting_name(source)}={str(root)!r} is not accepted as the JIT cache root: "
+                           f"{why}. Accepted: {ACCEPTED_ROOTS}.")
+    return root
 
 
 @dataclass(frozen=True)
@@ -152,6 +214,8 @@ def prepare(keydir: KeyDir, now: datetime | None = None) -> PrepareResult:
         was_empty = is_empty(keydir)
         for d in keydir.env_dirs().values():
             d.mkdir(exist_ok=True)
+        _require_regular(path / MANIFEST_LOCK)
+        _require_regular(keydir.manifest_path)
         with FileLock(str(path / MANIFEST_LOCK), timeout=LOCK_TIMEOUT_S):
             old = read_manifest(path)
             created = old is None
@@ -170,15 +234,60 @@ def prepare(keydir: KeyDir, now: datetime | None = None) -> PrepareResult:
     return PrepareResult(created=created, was_empty=was_empty, other_keys=other)
 
 
-def read_manifest(keydir_path: Path) -> dict | None:
-    """The key directory's manifest as a dict; None when absent, unreadable or corrupt. Never raises."""
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISLNK, "a symlink"), (stat.S_ISDIR, "a directory"))
+
+
+def special_kind(path: Path) -> str | None:
+    """What `path` is when it exists but is not a regular file ("a FIFO", "a socket", ...); else None.
+
+    Never opens it: a FIFO would block an open() until a writer comes, a device may never end."""
     try:
-        with open(Path(keydir_path) / MANIFEST, "rb") as f:
-            raw = f.read(_MANIFEST_MAX_BYTES + 1)
-        if len(raw) > _MANIFEST_MAX_BYTES:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return None
+    return next((name for test, name in _KINDS if test(mode)), None)
+
+
+def _require_regular(path: Path) -> None:
+    """Raise CaovanError when a file we are about to open is there but is not a regular file."""
+    kind = special_kind(path)
+    if kind:
+        raise CaovanError(f"{path} is {kind}, not a regular file; remove it (a caovan process will create "
+                          "it again)")
+
+
+def read_small(path: Path, limit: int = _MANIFEST_MAX_BYTES) -> bytes | None:
+    """Up to `limit` bytes of the regular file `path`; None when absent, larger, unreadable or not a
+    regular file. Checked first and opened non-blocking without following a link, so a FIFO or device
+    never hangs us."""
+    if special_kind(path):
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except (OSError, ValueError):
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            raw = f.read(limit + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return raw if len(raw) <= limit else None
+
+
+def read_manifest(keydir_path: Path) -> dict | None:
+    """The key directory's manifest as a dict; None when absent, unreadable, corrupt or not a regular file.
+    Never raises, never blocks."""
+    raw = read_small(Path(keydir_path) / MANIFEST)
+    if raw is None:
+        return None
+    try:
         data = json.loads(raw.decode("utf-8"))
-    except (OSError, ValueError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+    except ValueError:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         return None
     return data if isinstance(data, dict) else None
 
@@ -216,9 +325,9 @@ def _pid_files(keydir_path: Path) -> list[tuple[int, float | None, Path]]:
     for e in entries:
         start: float | None = None
         try:
-            data = json.loads(Path(e.path).read_text(encoding="utf-8"))
+            data = json.loads((read_small(Path(e.path), 4096) or b"").decode("utf-8"))
             start = float(data["start_time"]) if isinstance(data, dict) and data.get("start_time") else None
-        except (OSError, ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError):
             pass
         out.append((int(e.name), start, Path(e.path)))
     return out
@@ -247,8 +356,11 @@ def hold_in_use(keydir: KeyDir, wait_s: float = LOCK_TIMEOUT_S) -> int:
     try:
         while True:
             (path / IN_USE_DIR).mkdir(parents=True, exist_ok=True)
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+            _require_regular(lock_path)
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
             try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped after the check above
+                    raise OSError(0, f"{lock_path} is not a regular file")
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
                 if _locked_live(fd, lock_path):
                     break
@@ -277,12 +389,16 @@ def hold_in_use(keydir: KeyDir, wait_s: float = LOCK_TIMEOUT_S) -> int:
 
 
 def lock_is_held(keydir_path: Path) -> bool:
-    """True when some process holds `.in-use.lock` (shared or exclusive). Never raises."""
+    """True when some process holds `.in-use.lock` (shared or exclusive). Never raises, never blocks."""
+    if special_kind(Path(keydir_path) / IN_USE_LOCK):
+        return False  # hold_in_use never locks anything but a regular file, so nobody holds it
     try:
-        fd = os.open(Path(keydir_path) / IN_USE_LOCK, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        fd = os.open(Path(keydir_path) / IN_USE_LOCK, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return False
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False  # hold_in_use never locks anything else, so nobody holds it
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         fcntl.flock(fd, fcntl.LOCK_UN)
         return False

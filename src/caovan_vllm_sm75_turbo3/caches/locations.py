@@ -67,3 +67,51 @@ CACHE_VARIABLES: tuple[CacheVariable, ...] = (
     CacheVariable("TORCH_EXTENSIONS_DIR", "torch_extensions", lambda env: xdg_cache_dir(env) / "torch_extensions"),
     CacheVariable("CUDA_CACHE_PATH", "cuda", lambda env: home_dir(env) / ".nv" / "ComputeCache"),
 )
+
+
+# Directories of the operating system: never a cache root, never emptied, whatever links say.
+SYSTEM_DIRS: tuple[Path, ...] = tuple(Path(p) for p in (
+    "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/sbin", "/sys", "/usr"))
+
+
+def too_broad(resolved: Path, home: Path) -> str | None:
+    """Why the resolved absolute path `resolved` holds too much to be a cache (None when it does not).
+
+    `home` is the resolved home directory. Shared by the root check and `home_cache_folders`.
+    """
+    if resolved == Path("/"):
+        return "the file-system root /"
+    if resolved == home or resolved in home.parents:
+        return f"your home directory or holds it ({home})"
+    if len(resolved.parts) < 3:
+        return f"the top-level directory {resolved}"
+    for system in SYSTEM_DIRS:
+        if resolved == system or system in resolved.parents:
+            return f"inside the system directory {system}"
+    return None
+
+
+def home_cache_folders(env: Mapping[str, str], own_root: Path) -> tuple[Path, ...]:
+    """The user's home cache folders, resolved: what `clean` empties without asking again.
+
+    ${XDG_CACHE_HOME:-~/.cache}, ~/.cache, ~/.nv, ~/.triton (or $TRITON_HOME/.triton), torch
+    inductor's per-user folder in the temp directory, and our own cache root. A shared default
+    whose real path (every symlink resolved) lies outside all of them needs a second yes.
+    A folder that resolves to something too broad (a link to $HOME or /) is left out.
+    """
+    home = Path(os.path.realpath(home_dir(env)))
+    inductor = next(c for c in CACHE_VARIABLES if c.variable == "TORCHINDUCTOR_CACHE_DIR").default(env)
+    triton_home = Path(env.get("TRITON_HOME") or home_dir(env))
+    candidates = (xdg_cache_dir(env), home_dir(env) / ".cache", home_dir(env) / ".nv", triton_home / ".triton",
+                  inductor, own_root)
+    out: list[Path] = []
+    for c in candidates:
+        resolved = Path(os.path.realpath(c))
+        if c.is_absolute() and too_broad(resolved, home) is None and resolved not in out:
+            out.append(resolved)
+    return tuple(out)
+
+
+def is_inside(path: Path, folders: tuple[Path, ...]) -> bool:
+    """True when `path` (already resolved) is one of `folders` or lies below one."""
+    return any(path == f or f in path.parents for f in folders)
