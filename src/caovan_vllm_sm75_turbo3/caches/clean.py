@@ -1,8 +1,11 @@
 """Safe deletion of JIT caches: plan what may go, then remove it without ever leaving a known root.
 
 Rules (each one has a test):
-- A deletion root is resolved first and refused when it is `/`, a top-level directory, $HOME or
-  anything holding it, the whole ~/.cache or temp directory, or not owned by the running user.
+- A deletion root is resolved first and refused when it is `/`, a top-level or system directory,
+  $HOME or anything holding it, the whole ~/.cache or temp directory, or not owned by the running
+  user (`layout.root_refusal`, the rule a launch applies to a cache root too).
+- A shared default whose real path lies outside the home cache folders is its own group
+  (`Target.outside`): the command asks for it separately.
 - Every removal is done relative to an open directory descriptor that was opened with
   O_NOFOLLOW from the verified root, so a symlink is unlinked, never followed, and a path
   component swapped for a symlink mid-way makes that one removal fail instead of escaping.
