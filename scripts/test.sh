@@ -12,6 +12,10 @@
 #              torch, no vLLM): the hook's protocol and compile tests, then `caovan-sm75-kernels check`
 #              of _prep_kernel and _state_kernel (every pinned config plain and turbo for sm_75).
 #              About 4 minutes per Triton on 2 cores, plus its 200-250 MB wheel.
+#   --vllm034  the tests marked vllm034 (our attention backend against a real vLLM 0.34), in
+#              .venv-vllm034 (CAOVAN_TEST_VLLM034_VENV), built if missing: vllm==0.34.0 without
+#              its FlashInfer pin (0.7.3 is not on the index; the tests do not use it), then its
+#              other requirements. About 2 minutes from a warm pip cache, 9 GB.
 #   --help     this text.
 #
 # Both install this project editable with its test extras first. Extra arguments go to pytest.
@@ -22,6 +26,7 @@ PY=${PYTHON:-python3}
 case "${1:-}" in
   -h|--help) sed -n '2,/^set /p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
   --fast) shift; lane=fast ;;
+  --vllm034) shift; lane=vllm034 ;;
   --tritons) shift; lane=tritons ;;
   *) lane=full ;;
 esac
@@ -48,10 +53,29 @@ fi
 
 if [ "$lane" = fast ]; then
   VENV=${CAOVAN_TEST_FAST_VENV:-.venv-fast}
-  LANE_ARGS=(-m "not vllm and not torch and not triton and not triton_compile")
+  LANE_ARGS=(-m "not vllm and not torch and not triton and not triton_compile and not vllm034")
   if [ ! -x "$VENV/bin/python" ]; then
     echo "== creating $VENV (this project and its test extras only)"
     "$PY" -m venv "$VENV"
+  fi
+elif [ "$lane" = vllm034 ]; then
+  VENV=${CAOVAN_TEST_VLLM034_VENV:-.venv-vllm034}
+  LANE_ARGS=(-m vllm034)
+  if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import importlib.metadata as m; assert m.version('vllm') == '0.34.0'" 2>/dev/null; then
+    echo "== creating $VENV with vllm==0.34.0 (its requirements less the FlashInfer pin)"
+    "$PY" -m venv "$VENV"
+    "$VENV/bin/pip" download -q --no-deps "vllm==0.34.0" -d "$VENV/wheel"
+    "$PY" - "$VENV"/wheel/vllm-0.34.0-*.whl > "$VENV/requirements.txt" <<'PYEOF'
+import sys, zipfile
+from email.parser import Parser
+meta = next(n for n in zipfile.ZipFile(sys.argv[1]).namelist() if n.endswith(".dist-info/METADATA"))
+for req in Parser().parsestr(zipfile.ZipFile(sys.argv[1]).read(meta).decode()).get_all("Requires-Dist"):
+    if "extra ==" not in req and not req.startswith("flashinfer-python"):
+        print(req)
+PYEOF
+    "$VENV/bin/pip" install -q -r "$VENV/requirements.txt"
+    "$VENV/bin/pip" install -q --no-deps "$VENV"/wheel/vllm-0.34.0-*.whl
+    rm -rf "$VENV/wheel"
   fi
 else
   VENV=${CAOVAN_TEST_VENV:-.venv}
