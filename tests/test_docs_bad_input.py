@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 from hostile import run_main
 
-from caovan_vllm_sm75_turbo3.cli import doctor, serve, warmup
+from caovan_vllm_sm75_turbo3.caches.key import env_key, key_from_components
+from caovan_vllm_sm75_turbo3.cli import cache, doctor, serve, warmup
+from caovan_vllm_sm75_turbo3.runtime.facts import Facts
 from caovan_vllm_sm75_turbo3.logtriage import reader
 
 from conftest import EXAMPLES, ROOT, facts_dict
@@ -24,7 +26,7 @@ from conftest import EXAMPLES, ROOT, facts_dict
 DOC = ROOT / "docs" / "bad-input.md"
 FACTS = str(EXAMPLES / "2x2080ti-22g.json")
 MODEL = str(EXAMPLES / "models" / "qwen3.6-27b-awq")
-MAINS = {doctor.PROG: doctor.main, serve.PROG: serve.main, warmup.PROG: warmup.main}
+MAINS = {doctor.PROG: doctor.main, serve.PROG: serve.main, warmup.PROG: warmup.main, cache.PROG: cache.main}
 DEEP = "[" * 5000 + "]" * 5000
 
 
@@ -104,6 +106,25 @@ def _gzip_cut(tmp: Path) -> str:
     return _file(tmp, "log.gz", data[: len(data) // 2])
 
 
+def _outside_link(tmp: Path) -> list[str]:
+    """~/.nv/ComputeCache (HOME is `tmp`) links to a directory outside the home cache folders."""
+    (tmp / "elsewhere" / "k").mkdir(parents=True)
+    _file(tmp / "elsewhere" / "k", "f", "x")
+    (tmp / ".nv").mkdir()
+    (tmp / ".nv" / "ComputeCache").symlink_to(tmp / "elsewhere")
+    return ["clean", "--all", "--yes", "--force", "--facts", FACTS]
+
+
+def _key_manifest_fifo(tmp: Path) -> list[str]:
+    """A stale key under the default root (XDG_CACHE_HOME is `tmp/cache`) whose manifest.json is a FIFO."""
+    current = env_key(Facts.load(Path(FACTS)))
+    stale = key_from_components(dict(current.components, torch="0"))
+    key = tmp / "cache" / "caovan-sm75-turbo3" / "envs" / stale.name
+    key.mkdir(parents=True)
+    _fifo(key, "manifest.json")
+    return ["list", "--json", "--facts", FACTS]
+
+
 def _dry(*args: str) -> list[str]:
     return [*args, "--dry-run", "--facts", FACTS]
 
@@ -131,6 +152,12 @@ MAKERS: dict[str, Callable[[Path], Case]] = {
     "launch-batched-below-seqs": lambda t: Case(_dry(MODEL, "--max-num-batched-tokens", "4", "--max-num-seqs", "8")),
     "launch-runtime-fail-dry-run": lambda t: Case([MODEL, "--dry-run", "--facts", _facts(t, gpus=[])]),
     "launch-runtime-fail": lambda t: Case([MODEL, "--facts", _facts(t, gpus=[])]),
+    "cache-root-slash": lambda t: Case(_dry(MODEL), {"CAOVAN_CACHE_DIR": "/"}),
+    "cache-root-home": lambda t: Case(_dry(MODEL, "--cache-dir", str(t))),
+    "cache-root-unknown-user": lambda t: Case(_dry(MODEL), {"CAOVAN_CACHE_DIR": "~no-such-user-caovan/x"}),
+    "cache-clean-root-refused": lambda t: Case(["clean", "--yes", "--facts", FACTS], {"CAOVAN_CACHE_DIR": str(t)}),
+    "cache-clean-outside-home": lambda t: Case(_outside_link(t)),
+    "cache-manifest-fifo": lambda t: Case(_key_manifest_fifo(t)),
     "warmup-bad-port": lambda t: Case(["--api-base", "http://127.0.0.1:99999"]),
     "warmup-bad-scheme": lambda t: Case(["--api-base", "ftp://x"]),
     "warmup-non-ascii-key": lambda t: Case(["--api-key", "k\u00e9y", "--api-base", "http://127.0.0.1:1"]),
