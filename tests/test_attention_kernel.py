@@ -128,6 +128,26 @@ def test_matches_reference(case):
     assert _run(fmt, head_dim, group, kv_heads, block_size, rows, as_uint8=as_uint8, num_splits=splits) <= BUDGET
 
 
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "fp8_e5m2"])
+@pytest.mark.parametrize("nan_byte", [0x7F, 0xFF])
+def test_nan_bytes_give_nan_where_the_reference_does(fmt, nan_byte):
+    """A NaN key element poisons its KV head's rows, a NaN value element one column of them; nothing else."""
+    k, v, table, _, _, ks, vs = _paged([41], 16, 2, 128, fmt)
+    kb, vb = k.view(torch.uint8), v.view(torch.uint8)
+    kb[table[0, 1], 3, 0, 77] = nan_byte  # key 19 of KV head 0
+    vb[table[0, 2], 0, 1, 5] = nan_byte  # key 32 of KV head 1, column 5
+    q = (torch.randn(1, 4, 128) * 0.5).half()
+    out = torch.full_like(q, float("nan"))
+    cu, used = torch.tensor([0, 1], dtype=torch.int32), torch.tensor([41], dtype=torch.int32)
+    for splits in (1, 2):
+        unified_attention(q, k, v, out, cu, 1, used, 41, 0.1, True, (-1, -1), table, 0.0, None, ks, vs,
+                          num_splits=splits)
+        ref = unified_attention_reference(q, k, v, cu, used, table, 0.1, (-1, -1), 0.0, ks, vs)
+        assert torch.isnan(ref[0, :2]).all() and int(torch.isnan(ref[0, 2:]).sum()) == 2
+        assert torch.equal(torch.isnan(out), torch.isnan(ref))
+        assert rel_error(out[0, 2:, 6:], ref[0, 2:, 6:]) <= BUDGET
+
+
 def test_sliding_window_and_softcap():
     err = _run("fp8_e4m3", 128, 4, 1, 10, [VERIFY, CHUNK, DECODE], window=(7, 0), softcap=2.5)
     assert err <= BUDGET
@@ -170,11 +190,14 @@ def test_split_plan_fills_the_gpu_from_host_numbers():
     (dict(q_descale=torch.ones(1)), "q_descale"),
     (dict(k_descale=torch.ones(2, 2)), "k_descale must be float32 [num_seqs, kv_heads]"),
     (dict(sinks=torch.zeros(4)), "sinks"),
+    (dict(kv_dtype=torch.float8_e4m3fn, kv_misaligned=True), "multiples of 4 bytes"),
 ])
 def test_refuses_what_it_does_not_support(change, words):
     D = change.get("head_dim", 128)
     q = torch.zeros(3, change.get("q_heads", 4), D, dtype=change.get("q_dtype", torch.float16))
     cache = torch.zeros(4, 16, 2, D).to(change.get("kv_dtype", torch.float16))
+    if change.get("kv_misaligned"):  # fp8 bytes one past a word boundary
+        cache = torch.zeros(cache.numel() + 1, dtype=cache.dtype)[1:].view(cache.shape)
     extra = {"sinks": change["sinks"]} if "sinks" in change else {}
     with pytest.raises(AttentionInputError) as err:
         unified_attention(q, cache, cache, q.clone(), torch.tensor([0, 3], dtype=torch.int32), 3,

@@ -94,6 +94,9 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.T
     if k.stride(-1) != 1 or v.stride(-1) != 1:
         raise AttentionInputError("k and v need unit stride in head_dim (vLLM's cache layout)")
     fmt = kv_format(k, kv_cache_dtype)
+    if fmt != "fp16" and any(t.data_ptr() % 4 or any(st % 4 for st in t.stride()[:3]) for t in (k, v)):
+        raise AttentionInputError("fp8 k and v are read 4 bytes at a time: their addresses and strides must be "
+                                  "multiples of 4 bytes (vLLM's cache layout is)")
     NB, BS, KVH = k.shape[:3]
     if KVH == 0 or QH % KVH != 0:
         raise AttentionInputError(f"q_heads={QH} must be a multiple of kv_heads={KVH} (GQA)")

@@ -31,33 +31,66 @@ from .configs import FORMAT_CODE, MAX_SPLITS, MIN_KEYS_PER_SPLIT, TARGET_PROGRAM
 from .inputs import AttentionShapes, check_inputs, check_vllm_extras
 
 LOG2E = tl.constexpr(1.4426950408889634)
+# e4m3 bytes widen to 2^-8 of their value (see `_widen`); this power of two rides on the scales.
+E4M3_UNIT = tl.constexpr(256.0)
+@triton.jit
+def _unit(KV_FMT: tl.constexpr):
+    """What one unit of `_widen`'s output is worth: 2^8 for e4m3, 1 otherwise."""
+    if KV_FMT == 1:
+        return E4M3_UNIT
+    else:
+        return 1.0
 
 
 @triton.jit
-def _widen(x, KV_FMT: tl.constexpr):
-    """fp8 bytes (uint8) -> fp16, exactly; fp16 (KV_FMT 0) passes through.
+def _widen(w, KV_FMT: tl.constexpr):
+    """fp8 bytes, four to a little-endian uint32 word ([R, C]) -> fp16 [R, 4C] in units of `_unit(KV_FMT)`.
 
-    e5m2 is the top byte of an fp16. e4m3fn (bias 7, 3 mantissa bits, no inf): its 7 magnitude
-    bits placed at fp16 bit 7 give 2^-8 of the value, subnormals included, so a multiply by 2^8
-    (exact: no fp16 overflow or rounding) restores it; 0x7F/0xFF are its NaNs.
+    Exact, in 32-bit integer operations on all four bytes or on two 16-bit lanes at once (sm_75
+    has no fp8 instructions, and 16-bit ones would be split per element). `even` holds bytes 0
+    and 2 of each word as the top byte of its two 16-bit lanes (bits 7-14 for e4m3), `odd` bytes
+    1 and 3. e5m2 is the top byte of an fp16. e4m3fn (bias 7, 3 mantissa bits): its 7 magnitude
+    bits at fp16 bits 7-13, its sign at bit 15, are the fp16 of 2^-8 of its value, subnormals
+    included; the kernel folds the 2^8 into its score and output scales. Its NaNs (magnitude
+    0x7F) are the only bytes whose magnitude + 1 carries into bit 7; the carry lands on fp16 bit
+    14 and makes them fp16 NaNs.
+    """
+    if KV_FMT == 2:
+        even = (w << 8) & 0xFF00FF00
+        odd = w & 0xFF00FF00
+    else:
+        mag = w & 0x7F7F7F7F
+        mag = mag | ((mag + 0x01010101) & 0x80808080)  # bit 7: the NaN carry
+        sign = w & 0x80808080
+        even = ((mag << 7) & 0x7F807F80) | ((sign << 8) & 0x80008000)
+        odd = ((mag >> 1) & 0x7F807F80) | (sign & 0x80008000)
+    # [R, C, 2 (lane), 2 (even, odd)] is bytes 0, 1, 2, 3 of each word in order
+    x = tl.join(tl.join((even & 0xFFFF).to(tl.uint16), (even >> 16).to(tl.uint16)),
+                tl.join((odd & 0xFFFF).to(tl.uint16), (odd >> 16).to(tl.uint16)))
+    return tl.reshape(x, (w.shape[0], 4 * w.shape[1])).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def _widen_kernel(src, dst, n_words, n, KV_FMT: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    w = tl.load(src.to(tl.pointer_type(tl.uint32)) + offs[:, None], mask=offs[:, None] < n_words, other=0)
+    out = (_widen(w, KV_FMT) * _unit(KV_FMT)).to(tl.float16)
+    offs4 = 4 * offs[:, None] + tl.arange(0, 4)[None, :]
+    tl.store(dst + offs4, out, mask=offs4 < n)
+
+
+@triton.jit
+def _load_kv(base, row, ok, offs_d, KV_FMT: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """One [rows, HEAD_DIM] key or value tile as fp16 (fp8 in `_unit` units); `row` in elements, masked rows 0.
+
+    fp8 rows are read as uint32 words (`row` and the row strides are multiples of 4 bytes).
     """
     if KV_FMT == 0:
-        return x
-    elif KV_FMT == 2:
-        return (x.to(tl.uint16) << 8).to(tl.float16, bitcast=True)
+        return tl.load(base + row[:, None] + offs_d[None, :], mask=ok[:, None], other=0.0)
     else:
-        b = x.to(tl.uint16)
-        mag = b & 0x7F
-        bits = ((b & 0x80) << 8) | (mag << 7)
-        val = bits.to(tl.float16, bitcast=True) * 256.0
-        return tl.where(mag == 0x7F, float("nan"), val).to(tl.float16)
-
-
-@triton.jit
-def _widen_kernel(src, dst, n, KV_FMT: tl.constexpr, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    x = tl.load(src + offs, mask=offs < n, other=0)
-    tl.store(dst + offs, _widen(x, KV_FMT), mask=offs < n)
+        words = base.to(tl.pointer_type(tl.uint32))
+        offs_w = tl.arange(0, HEAD_DIM // 4)
+        return _widen(tl.load(words + (row // 4)[:, None] + offs_w[None, :], mask=ok[:, None], other=0), KV_FMT)
 
 
 @triton.jit(do_not_specialize=["num_seqs", "block_size", "bt_stride", "window_left"])
@@ -106,7 +139,7 @@ def _attn_kernel(
     b_q = tl.load(q + tok64[:, None] * sq_tok + h[:, None] * sq_head + offs_d[None, :], mask=row_ok[:, None],
                   other=0.0)
 
-    qk_scale = sm_scale
+    qk_scale = sm_scale * _unit(KV_FMT)  # a power of two: the same products as on the element
     if K_SCALED:
         qk_scale = qk_scale * tl.load(k_scale + seq * ks_seq + kvh * ks_head)
     hi_key = ctx + tl.minimum(q_len, tok0 + BLOCK_Q)  # keys past this one no row of the program sees
@@ -131,7 +164,7 @@ def _attn_kernel(
         phys = tl.load(bt_row + blk, mask=k_ok, other=0).to(tl.int64)
         off = (keys - blk * block_size).to(tl.int64)
         k_addr = phys * sk_blk + off * sk_off + kvh * sk_head
-        b_k = _widen(tl.load(k + k_addr[:, None] + offs_d[None, :], mask=k_ok[:, None], other=0), KV_FMT)
+        b_k = _load_kv(k, k_addr, k_ok, offs_d, KV_FMT, HEAD_DIM)
         s = tl.dot(b_q, tl.trans(b_k))
         if USE_SOFTCAP:  # softcap * tanh(s / softcap), tanh from one exp2
             x = s * (qk_scale / softcap)
@@ -150,13 +183,13 @@ def _attn_kernel(
         alpha = tl.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
         v_addr = phys * sv_blk + off * sv_off + kvh * sv_head
-        b_v = _widen(tl.load(v + v_addr[:, None] + offs_d[None, :], mask=k_ok[:, None], other=0), KV_FMT)
+        b_v = _load_kv(v, v_addr, k_ok, offs_d, KV_FMT, HEAD_DIM)
         acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), b_v)
         m_i = m_new
 
-    v_mul = 1.0
+    v_mul = _unit(KV_FMT)
     if V_SCALED:
-        v_mul = tl.load(v_scale + seq * vs_seq + kvh * vs_head)
+        v_mul = v_mul * tl.load(v_scale + seq * vs_seq + kvh * vs_head)
     if NUM_SPLITS == 1:
         o = acc * (v_mul / tl.where(l_i > 0, l_i, 1.0))[:, None]
         tl.store(out + tok64[:, None] * so_tok + h[:, None] * so_head + offs_d[None, :], o.to(tl.float16),
@@ -202,10 +235,12 @@ def widen_fp8(x: torch.Tensor, kv_format: str) -> torch.Tensor:
     `kv_format` is "fp8_e4m3" or "fp8_e5m2"; for tests and checks of `_widen`.
     """
     src = x.contiguous().view(torch.uint8).reshape(-1)
-    dst = _alloc((src.numel(),), torch.float16, src.device)
-    block = 256
-    _widen_kernel[(triton.cdiv(src.numel(), block),)](src, dst, src.numel(), KV_FMT=FORMAT_CODE[kv_format],
-                                                      BLOCK=block)
+    n = src.numel()
+    words = torch.nn.functional.pad(src, (0, -n % 4)).view(torch.int32)  # the kernel reads whole words
+    dst = _alloc((n,), torch.float16, src.device)
+    block = 64
+    _widen_kernel[(triton.cdiv(words.numel(), block),)](words, dst, words.numel(), n, KV_FMT=FORMAT_CODE[kv_format],
+                                                        BLOCK=block)
     return dst.view(x.shape)
 
 
