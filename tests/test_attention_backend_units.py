@@ -40,7 +40,7 @@ def test_install_arranges_nothing_where_vllm_serves_fp8_itself(monkeypatch):
 
 _CHILD = textwrap.dedent("""
     import torch
-    from caovan_vllm_sm75_turbo3.plugin.attention.cache_write import write_fp8
+    from caovan_vllm_sm75_turbo3.kernels.attention.cache_write import write_fp8
     every = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.float16)
     for dt, top in ((torch.float8_e4m3fn, 448.0), (torch.float8_e5m2, 57344.0)):
         x = every[torch.isfinite(every) & (every.float().abs() <= top)]

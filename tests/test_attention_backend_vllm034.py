@@ -135,7 +135,8 @@ def itertools_accumulate(values):
 def test_forward_and_cache_update_call_ours(registered, monkeypatch, kv, dtype):
     import torch
 
-    from caovan_vllm_sm75_turbo3.plugin.attention import backend, cache_write
+    from caovan_vllm_sm75_turbo3.kernels.attention import cache_write
+    from caovan_vllm_sm75_turbo3.plugin.attention import backend
 
     calls: dict[str, list] = {"kernel": [], "write": []}
     monkeypatch.setattr(backend, "_kernel", lambda **kw: calls["kernel"].append(kw) or kw["out"])

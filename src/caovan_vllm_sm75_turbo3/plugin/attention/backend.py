@@ -5,7 +5,7 @@ vLLM imports this module (through the class path `register_backend` was given) w
 TRITON_ATTN backend, so metadata building, the cache layout and CUDA-graph support
 (`AttentionCGSupport.ALWAYS` in every release we read) stay vLLM's. `forward` and
 `do_kv_cache_update` are vLLM's own functions with two global names re-bound: `unified_attention`
-(ours: kernels/attention) and `triton_reshape_and_cache_flash` (ours for fp8: cache_write.py).
+(ours: kernels/attention) and `triton_reshape_and_cache_flash` (ours for fp8: kernels/attention/cache_write.py).
 The source check (interface.py) ran before registration and confirmed that nothing else differs.
 """
 
@@ -18,8 +18,8 @@ from typing import Any, ClassVar
 import torch
 from vllm.v1.attention.backends import triton_attn as _vllm
 
+from ...kernels.attention import cache_write
 from ...kernels.attention import unified_attention as _kernel
-from .cache_write import make_cache_write
 
 # vLLM's extras with the value that means "feature off"; anything else is refused by our kernel.
 _OFF: dict[str, Any] = {"rswa_prefix_lens": None, "rswa_window": None, "use_td": False,
@@ -44,6 +44,21 @@ def _rebound(fn: Callable[..., Any], **names: Any) -> Callable[..., Any]:
     copy.__kwdefaults__ = fn.__kwdefaults__
     copy.__qualname__ = fn.__qualname__
     return copy
+
+
+def make_cache_write(fallback: Callable[..., None]) -> Callable[..., None]:
+    """A drop-in for vLLM's `triton_reshape_and_cache_flash`: ours for fp8 caches, `fallback` otherwise."""
+
+    def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                          value_cache: torch.Tensor, slot_mapping: torch.Tensor, kv_cache_dtype: str,
+                          k_scale: torch.Tensor, v_scale: torch.Tensor) -> None:
+        if key_cache.dtype not in cache_write.FORMATS:
+            fallback(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale)
+            return
+        cache_write.write_fp8(key, key_cache, slot_mapping, k_scale)
+        cache_write.write_fp8(value, value_cache, slot_mapping, v_scale)
+
+    return reshape_and_cache
 
 
 class CaovanAttentionImpl(_vllm.TritonAttentionImpl):
@@ -118,4 +133,3 @@ class CaovanAttentionBackend(_vllm.TritonAttentionBackend):
     @classmethod
     def supports_rswa(cls) -> bool:
         return False
-

@@ -4,13 +4,11 @@ vLLM's own cache write (a Triton kernel from 0.24) lets `tl.store` convert to fp
 builds only for SM89+ (e4m3) and vLLM asserts SM89 for any fp8 cache. Here each value is scaled
 in fp32 (x / k_scale, as vLLM does), then rounded to the nearest even fp8 code by integer work on
 its fp32 bits, saturating at the format's largest finite value (as vLLM's CUDA cast does);
-NaN stays NaN. The byte goes to the cache through a uint8 view. An fp16 cache is left to vLLM's
-own writer (`fallback`).
+NaN stays NaN. The byte goes to the cache through a uint8 view. The plugin's backend
+(plugin/attention/backend.py) calls it for fp8 caches and leaves fp16 caches to vLLM's own writer.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import torch
 import triton
@@ -68,18 +66,3 @@ def write_fp8(src: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tensor
                                    raw.stride(1), raw.stride(2), raw.shape[1], HEAD_DIM=dim,
                                    BLOCK_D=triton.next_power_of_2(dim), MANT=mant, BIAS=bias, MAXV=maxv,
                                    num_warps=1 if dim <= 128 else 2)
-
-
-def make_cache_write(fallback: Callable[..., None]) -> Callable[..., None]:
-    """A drop-in for vLLM's `triton_reshape_and_cache_flash`: ours for fp8 caches, `fallback` otherwise."""
-
-    def reshape_and_cache(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
-                          value_cache: torch.Tensor, slot_mapping: torch.Tensor, kv_cache_dtype: str,
-                          k_scale: torch.Tensor, v_scale: torch.Tensor) -> None:
-        if key_cache.dtype not in FORMATS:
-            fallback(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale)
-            return
-        write_fp8(key, key_cache, slot_mapping, k_scale)
-        write_fp8(value, value_cache, slot_mapping, v_scale)
-
-    return reshape_and_cache
