@@ -61,3 +61,23 @@ def test_unknown_profile_name_is_one_clear_error(tmp_path):
     r = serve([MODEL, "--dry-run", "--facts", FACTS, "--profile", "fastest"], tmp_path)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "caovan-vllm-serve: error: " in r.stderr and "not a launch profile" in r.stderr
+
+
+def test_the_users_turbo_setting_decides_fp8_kv_on_releases_that_need_our_backend(tmp_path):
+    # vLLM 0.24 serves fp8 KV on SM75 only through our backend, whose kernel needs the Turbo hook.
+    facts = json.loads(Path(FACTS).read_text())
+    facts["versions"].update(vllm="0.24.0", triton="3.6.0")
+    path = tmp_path / "facts-0.24.json"
+    path.write_text(json.dumps(facts))
+
+    def kv(env: dict[str, str]) -> tuple[str, str | None]:
+        r = subprocess.run([sys.executable, "-m", "caovan_vllm_sm75_turbo3.cli.serve", MODEL, "--json", "--facts",
+                            str(path)], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                           env={**{k: v for k, v in os.environ.items() if not k.startswith(("CAOVAN_", "VLLM_"))},
+                                "HOME": str(tmp_path), **env})
+        assert r.returncode == 0, r.stderr
+        filled = {f["flag"]: f["value"] for f in json.loads(r.stdout)["filled_args"]}
+        return filled["--kv-cache-dtype"], filled.get("--attention-backend")
+
+    assert kv({}) == ("fp8", "CUSTOM")
+    assert kv({"CAOVAN_TURBO": "off"}) == ("auto", "TRITON_ATTN")

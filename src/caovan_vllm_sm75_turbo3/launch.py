@@ -21,6 +21,7 @@ from .policy.guards import CacheState
 from .policy.launch_fill import LaunchFill, fill_launch
 from .policy.plan import FilledArg, Plan, make_plan
 from .policy.profiles import load_table
+from .policy.turbo import decide_turbo
 from .policy.vllm_args import LaunchNumbers, VllmArgs, check_launch_args
 from .runtime import flashinfer_probe as fp
 from .runtime.facts import Facts
@@ -101,7 +102,8 @@ def _profile_fill(facts: Facts, settings: Settings, args: VllmArgs, numbers: Lau
     """The launch profile's decisions for this machine and the model directory in `args`, with
     what could not be read in the model directory as notes."""
     model = read_model(args.model) if args.model else None
-    fill = fill_launch(facts, model, settings.profile, args, load_table(), numbers)
+    turbo = decide_turbo(facts, settings, facts.versions.triton)  # the user's CAOVAN_TURBO counts here too
+    fill = fill_launch(facts, model, settings.profile, args, load_table(), numbers, turbo=turbo)
     return replace(fill, lines=(*fill.lines, *(f"model: {n}" for n in (model.notes if model else ()))))
 
 
