@@ -10,11 +10,11 @@ from conftest import ROOT, RTX3090, TI22, facts_dict
 
 from caovan_vllm_sm75_turbo3.config import load_settings
 from caovan_vllm_sm75_turbo3.kernels.turbo.allowlist import load_allowlist, triton_version_matches
-from caovan_vllm_sm75_turbo3.plugin.dispatch.controller import TURBO_KERNELS, turbo_problem
+from caovan_vllm_sm75_turbo3.plugin.dispatch.controller import turbo_problem
 from caovan_vllm_sm75_turbo3.policy.accel import gdn_state
 from caovan_vllm_sm75_turbo3.policy.plan import make_plan
 from caovan_vllm_sm75_turbo3.policy import vllm_versions as vv
-from caovan_vllm_sm75_turbo3.policy.turbo import HOOK_TRITON_VERSIONS, decide_turbo
+from caovan_vllm_sm75_turbo3.policy.turbo import GDN_KERNELS, HOOK_TRITON_VERSIONS, decide_turbo
 from caovan_vllm_sm75_turbo3.policy.vllm_args import read_vllm_args
 from caovan_vllm_sm75_turbo3.runtime.facts import Facts
 
@@ -86,7 +86,7 @@ def test_never_claims_tensor_cores_the_hook_cannot_give(turbo, triton, vllm, mod
 def test_every_hook_triton_is_one_our_gdn_kernels_were_verified_with() -> None:
     # A Triton the hook trusts but our kernels were never checked on would put an unverified build in charge.
     entries = {k.name: k for k in load_allowlist().kernels}
-    for name in TURBO_KERNELS:
+    for name in GDN_KERNELS:
         assert name in entries, name
         for version in HOOK_TRITON_VERSIONS:
             assert triton_version_matches(version + ".0", entries[name].triton_versions), (name, version)
@@ -99,9 +99,9 @@ def test_dispatch_confirms_the_rule_in_each_process() -> None:
     assert turbo_problem(hook) is None
     hook.fell_back["some_fla_kernel"] = "ptxas failed"  # not ours: no reason to give ours up
     assert turbo_problem(hook) is None
-    hook.fell_back[TURBO_KERNELS[1]] = "shared memory 70000 > 65536"
+    hook.fell_back[GDN_KERNELS[1]] = "shared memory 70000 > 65536"
     why = turbo_problem(hook)
-    assert why and TURBO_KERNELS[1] in why and "70000" in why and TURBO_KERNELS[0] not in why
+    assert why and GDN_KERNELS[1] in why and "70000" in why and GDN_KERNELS[0] not in why
 
 
 RELEASES = vv.all_release_pins()

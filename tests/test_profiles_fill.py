@@ -230,7 +230,8 @@ def test_unverified_turbo_falls_back_to_fp16_kv_with_the_reason():
     assert int(got["--max-model-len"]) < 262144
     why = next(a.reason for a in r.args if a.flag == "--kv-cache-dtype")
     assert "turbo=off-unverified-triton-3.8.0" in why and "tensor cores" in why
-    verified = TurboDecision(True, True, "auto", "Triton 3.8 verified (hypothetical)")
+    # A decision for a Triton our attention kernel was verified with (hypothetical on 0.33, which pins 3.8)
+    verified = TurboDecision(True, True, "auto", "Triton 3.6 verified", triton="3.6.0")
     got = filled(fill_launch(pinned_facts("0.33.0"), read_model(str(QWEN)), "auto",
                              read_vllm_args([str(QWEN)]), TABLE, turbo=verified))
     assert got["--kv-cache-dtype"] == "fp8" and got["--attention-backend"] == "CUSTOM"

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from ..config import Settings
 from ..runtime.facts import Facts
 from . import vllm_versions as vv
-from .turbo import TurboDecision, decide_turbo
+from .turbo import GDN_KERNELS, TurboDecision, decide_turbo
 
 
 @dataclass(frozen=True)
@@ -48,9 +48,8 @@ def gdn_state(facts: Facts, settings: Settings) -> GdnState:
         reasons.append(f"no known GDN interface for vLLM {facts.versions.vllm}")
     if settings.mode == "guards":
         reasons.append(f"mode=guards ({settings.source('mode')}) keeps vLLM's own kernels")
-    if not reasons and not turbo.tensor_cores:
-        reasons.append(f"turbo={turbo.line} ({turbo.reason}): without the Turbo hook's tensor cores our GDN "
-                       "prefill would run on CUDA cores, so vLLM's own stays in charge")
+    if not reasons and not turbo.serves(GDN_KERNELS):
+        reasons.append(turbo.not_served_reason("our GDN prefill") + ", so vLLM's own stays in charge")
     if reasons:
         return GdnState("upstream", False, tuple(reasons), turbo)
     # The active path is named by its interface family; plugin/dispatch confirms it in each vLLM

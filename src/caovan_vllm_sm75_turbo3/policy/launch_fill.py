@@ -28,7 +28,7 @@ from ..runtime.facts import Facts
 from ..runtime.model import ModelFacts, ModelShape, model_shape
 from . import vllm_versions as vv
 from .memory_plan import MemoryInputs, MemoryPlan, plan_memory
-from .turbo import TurboDecision, decide_turbo
+from .turbo import ATTENTION_KERNELS, TurboDecision, decide_turbo
 from .profiles import Family, Profile, ProfileTable, Setup, matches, select, setup_of
 from .vllm_args import AUTO_LEN, LaunchNumbers, VllmArgs, check_launch_args
 
@@ -69,9 +69,8 @@ def our_backend_problem(version: str | None, turbo: TurboDecision) -> str | None
     """Why our attention backend cannot serve fp8 KV with this release and Turbo decision (None: it can)."""
     if vv.attention_family(version) is None or vv.support_status(version) == "too-new":
         return f"vLLM {version} has no attention interface family of ours"
-    if not turbo.tensor_cores:
-        return (f"turbo={turbo.line} ({turbo.reason}): our attention kernel needs the Turbo hook's tensor cores, "
-                "so fp8 KV through our backend is not planned")
+    if not turbo.serves(ATTENTION_KERNELS):
+        return turbo.not_served_reason("our attention kernel") + ", so fp8 KV through our backend is not planned"
     return None
 
 

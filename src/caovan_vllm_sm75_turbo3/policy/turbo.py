@@ -6,15 +6,19 @@ command, its tests and CI apply the same numbers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..config import Settings
+from ..kernels.turbo.allowlist import load_allowlist, triton_version_matches
 from ..runtime.facts import Facts
 from ..versions import minor
 
 # Triton releases whose stages-hook protocol and cache key we read and tested the hook against
 # (triton/backends/nvidia/compiler.py add_stages, triton/compiler/compiler.py get_cache_key).
 HOOK_TRITON_VERSIONS = ("3.6",)
+# Our kernels' Triton functions as the allowlist names them: each claim of tensor cores checks its own.
+GDN_KERNELS = ("_prep_kernel", "_state_kernel")
+ATTENTION_KERNELS = ("_attn_kernel",)   # its split merge has no products: it needs no tensor cores
 SM75_SHARED_LIMIT = 65536
 FMA_LEFT_MAX = 0.05   # a turbo build may keep at most this share of the plain build's fp32 FMAs
 
@@ -27,6 +31,7 @@ class TurboDecision:
     strict: bool
     line: str      # the `turbo=` status value
     reason: str
+    triton: str | None = None   # the Triton version decided for
 
     @property
     def tensor_cores(self) -> bool:
@@ -35,9 +40,28 @@ class TurboDecision:
         build, but nothing there was checked, so no plan may claim acceleration from it."""
         return self.install and self.line in ("auto", "on")
 
+    def serves(self, kernels: tuple[str, ...]) -> bool:
+        """Whether these kernels of ours get tensor cores: the hook gives them (`tensor_cores`) and
+        each one's allowlist entry lists this Triton (it was compile- and numerically checked there)."""
+        if not self.tensor_cores or not self.triton:
+            return False
+        entries = {k.name: k for k in load_allowlist().kernels}
+        return all(n in entries and triton_version_matches(self.triton, entries[n].triton_versions) for n in kernels)
+
+    def not_served_reason(self, what: str) -> str:
+        """Why `serves` is False for `what` (e.g. "our GDN prefill"), in one clause."""
+        if not self.tensor_cores:
+            return (f"turbo={self.line} ({self.reason}): without the Turbo hook's tensor cores {what} would run on "
+                    "CUDA cores")
+        return f"{what} was not verified with Triton {self.triton} (data/turbo_allowlist.json)"
+
 
 def decide_turbo(facts: Facts, settings: Settings, triton_version: str | None) -> TurboDecision:
     """Decide from the facts (SM75 GPUs), `settings.turbo` (auto|on|off) and Triton's version."""
+    return replace(_decide(facts, settings, triton_version), triton=triton_version)
+
+
+def _decide(facts: Facts, settings: Settings, triton_version: str | None) -> TurboDecision:
     src = settings.source("turbo")
     if settings.turbo == "off":
         return TurboDecision(False, True, "off-by-user", f"turbo off, set by {src}")

@@ -29,6 +29,7 @@ from ...config import Settings, load_settings
 from ...errors import CaovanError, Turbo3Refused
 from ...kernels.gdn_capability import dispatch_target
 from ...policy.accel import gdn_state
+from ...policy.turbo import GDN_KERNELS
 from ...runtime.facts import Facts
 from ...runtime.probe import load_facts
 from . import legacy_gdn_v020, modular_qwen_gdn_v022, replacement
@@ -41,7 +42,6 @@ logger = logging.getLogger("caovan_vllm_sm75_turbo3")
 
 FAMILIES: tuple[GdnInterface, ...] = (legacy_gdn_v020.INTERFACE, modular_qwen_gdn_v022.INTERFACE)
 KERNEL = "caovan-gdn-chunk"  # kernels/gdn: chunked two-kernel Triton prefill
-TURBO_KERNELS = ("_prep_kernel", "_state_kernel")  # its Triton functions, as the Turbo hook names them
 
 # The one dispatch of this process (None until register() installed it).
 _DISPATCH: Dispatch | None = None
@@ -92,7 +92,7 @@ def _current_hook() -> Any:
     return current_hook()
 
 
-def turbo_problem(hook: Any, kernels: tuple[str, ...] = TURBO_KERNELS) -> str | None:
+def turbo_problem(hook: Any, kernels: tuple[str, ...] = GDN_KERNELS) -> str | None:
     """Why our GDN prefill would not get tensor cores in this process (None: it does).
 
     The plan's one rule, confirmed where it runs: without the Turbo hook, or when a build of one of
