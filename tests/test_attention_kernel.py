@@ -16,7 +16,8 @@ torch = pytest.importorskip("torch")
 
 from caovan_vllm_sm75_turbo3.errors import CaovanError  # noqa: E402
 from caovan_vllm_sm75_turbo3.kernels.attention import (  # noqa: E402
-    AttentionInputError, kernel, quantize_cache, unified_attention, unified_attention_reference, widen_fp8)
+    AttentionInputError, kernel, quantize_cache, triton_kernels, unified_attention, unified_attention_reference,
+    widen_fp8)
 from caovan_vllm_sm75_turbo3.kernels.attention.configs import select  # noqa: E402
 from caovan_vllm_sm75_turbo3.kernels.numerics import rel_error  # noqa: E402  NaN/inf -> inf
 
@@ -35,7 +36,7 @@ def interpreted_kernels(monkeypatch):
     from triton.runtime.jit import JITFunction
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    for module in (tl_standard, tl, kernel):
+    for module in (tl_standard, tl, triton_kernels, kernel):
         for name, obj in list(vars(module).items()):
             if isinstance(obj, JITFunction):
                 monkeypatch.setattr(module, name, InterpretedFunction(obj.fn))

@@ -3,7 +3,8 @@
 The specs feed ahead-of-time builds (the sm_75 fit test, the benchmark's PTX) with the signature
 and constants the launcher in kernel.py uses: decode configs with key splits (their partials then
 merged), prefill configs in one pass. Pointers and the strides of vLLM's layouts (multiples of
-head_dim) are marked 16-divisible, as Triton's JIT specialises them.
+head_dim) are marked 16-divisible, as Triton's JIT specialises them. Importing this module needs
+Triton but not torch, so the builds run in a venv with Triton alone.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .configs import DECODE, FORMAT_CODE, HEAD_DIMS, PREFILL
-from .kernel import _attn_kernel, _merge_kernel
+from .triton_kernels import _attn_kernel, _merge_kernel
 
 # Qwen3.6-27B at tensor parallel 2: 12 query heads on 2 KV heads per GPU. G only sets index
 # arithmetic and which rows are real, so one ratio stands for all.
