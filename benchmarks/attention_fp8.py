@@ -6,6 +6,13 @@ needed) and run on the lent GPU:
     python benchmarks/attention_fp8.py build --out .bench/attn_ptx      # CPU: sm_75 turbo PTX
     python benchmarks/attention_fp8.py run --ptx .bench/attn_ptx [--json FILE]   # GPU (CuPy, torch)
 
+`build` needs Triton but not torch, so it also runs in a venv holding another Triton release
+(`bash scripts/test.sh --tritons` makes .venv-triton37 and .venv-triton38); `run` loads the PTX
+through the driver, whatever Triton is installed where it runs, and meta.json records the Triton
+that built it:
+
+    .venv-triton37/bin/python benchmarks/attention_fp8.py build --out .bench/attn_ptx_triton37
+
 `run` uses Qwen3.6-27B's full-attention shape at tensor parallel 2 (12 query heads on 2 KV
 heads, head dim 256), vLLM's cache layout (one [blocks, 2, block_size, kv_heads, 256] tensor,
 k and v its two views) with a block size that is not a power of two (528) and shuffled block
@@ -62,6 +69,8 @@ def _specs():
 
 def build(out: Path) -> None:
     """Write the sm_75 PTX of every (format, config, split count) the cases can use, with a meta.json."""
+    import triton
+
     from caovan_vllm_sm75_turbo3.kernels.turbo.compile import compile_for_sm75
 
     out.mkdir(parents=True, exist_ok=True)
@@ -77,7 +86,8 @@ def build(out: Path) -> None:
             raise SystemExit(f"{spec.name}: {info.spill_bytes} spill bytes")
         (out / f"{spec.name}.ptx").write_text(info.ptx)
         meta[spec.name] = {"entry": info.entry, "shared": info.shared_bytes, "num_warps": info.num_warps,
-                           "args": spec.args, "build": info.build, **info.summary_numbers()}
+                           "args": spec.args, "build": info.build, **info.summary_numbers(),
+                           "triton": triton.__version__}
         print(spec.name, info.build, info.summary_numbers(), flush=True)
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
 
