@@ -33,20 +33,20 @@ def test_verified_triton_puts_our_prefill_in_charge_and_says_turbo() -> None:
 
 
 def test_unverified_triton_keeps_vllms_prefill_with_one_line_why() -> None:
-    # vLLM 0.33 ships Triton 3.8, which the hook was not verified with: no tensor cores, so no claim.
-    plan = _plan("3.8.0", vllm="0.33.0")
-    assert plan.status["turbo"] == "off-unverified-triton-3.8.0"
+    # A Triton the hook was not verified with (3.9: no supported release pins it): no tensor cores, no claim.
+    plan = _plan("3.9.0", vllm="0.33.0")
+    assert plan.status["turbo"] == "off-unverified-triton-3.9.0"
     assert (plan.status["gdn_legacy"], plan.status["turbo3"]) == ("upstream", "inactive")
     why = [n for n in plan.notes if n.startswith("accelerated path inactive")]
-    assert len(why) == 1 and "turbo=off-unverified-triton-3.8.0" in why[0] and "CUDA cores" in why[0]
+    assert len(why) == 1 and "turbo=off-unverified-triton-3.9.0" in why[0] and "CUDA cores" in why[0]
     assert plan.refusal is None
-    required = _plan("3.8.0", vllm="0.33.0", env={"CAOVAN_REQUIRE_TURBO3": "1"})
-    assert required.refusal and "turbo=off-unverified-triton-3.8.0" in required.refusal
+    required = _plan("3.9.0", vllm="0.33.0", env={"CAOVAN_REQUIRE_TURBO3": "1"})
+    assert required.refusal and "turbo=off-unverified-triton-3.9.0" in required.refusal
 
 
 @pytest.mark.parametrize("env, triton, line", [
     ({"CAOVAN_TURBO": "off"}, "3.6.0", "off-by-user"),
-    ({"CAOVAN_TURBO": "on"}, "3.8.0", "on-unverified-triton-3.8.0"),  # installed, but nothing verified there
+    ({"CAOVAN_TURBO": "on"}, "3.9.0", "on-unverified-triton-3.9.0"),  # installed, but nothing verified there
     ({}, None, "off-no-triton"),
 ])
 def test_no_tensor_cores_means_upstream(env, triton, line) -> None:
@@ -67,7 +67,7 @@ def test_user_disable_keeps_its_own_line_and_still_reports_turbo() -> None:
 
 
 @pytest.mark.parametrize("turbo, triton, vllm, mode, gpus", list(itertools.product(
-    ("auto", "on", "off"), ("3.5.1", "3.6.0", "3.6.1+git", "3.7.0", "3.8.0", None),
+    ("auto", "on", "off"), ("3.5.1", "3.6.0", "3.6.1+git", "3.7.0", "3.8.0", "3.9.0", None),
     ("0.21.0", "0.22.1", "0.24.0", "0.33.0", "0.34.0", "0.40.0"), ("auto", "guards"),
     ([dict(TI22, index=0), dict(TI22, index=1)], [dict(RTX3090, index=0)]))))
 def test_never_claims_tensor_cores_the_hook_cannot_give(turbo, triton, vllm, mode, gpus) -> None:

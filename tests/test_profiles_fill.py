@@ -67,8 +67,9 @@ def test_field_launch_on_2x22g_vllm021():
     ("0.23.0", "fp8", "FLASHINFER", "align"),
     ("0.24.0", "fp8", "CUSTOM", "align"),       # our attention backend, Triton 3.6: the hook's tensor cores
     ("0.26.0", "fp8", "CUSTOM", "align"),
-    ("0.32.0", "auto", "TRITON_ATTN", "align"),  # Triton 3.7: the hook is not verified there
-    ("0.33.0", "auto", "TRITON_ATTN", None),     # deprecated, no effect
+    # Triton 3.7/3.8: the hook and our GDN kernels are verified there, our attention kernel not yet: fp16 KV
+    ("0.32.0", "auto", "TRITON_ATTN", "align"),
+    ("0.33.0", "auto", "TRITON_ATTN", None),    # --mamba-cache-mode deprecated, no effect
     ("0.34.0", "auto", "TRITON_ATTN", None),
 ])
 def test_release_rules(vllm, kv, backend, mamba):
@@ -104,7 +105,7 @@ def test_user_bf16_and_fp8_on_new_release_warn_but_stay():
     r = fill(pinned_facts("0.26.0"), "--dtype", "bfloat16", "--kv-cache-dtype", "fp8", "--enforce-eager")
     assert any("bfloat16" in w for w in r.warnings) and not any("fp8" in w for w in r.warnings)
     assert filled(r)["--attention-backend"] == "CUSTOM"  # ours serves the user's fp8 on 0.26
-    r = fill(Facts.from_dict(facts_dict(versions={"vllm": "0.26.0", "triton": "3.7.1"})), "--dtype", "bfloat16",
+    r = fill(Facts.from_dict(facts_dict(versions={"vllm": "0.26.0", "triton": "3.9.0"})), "--dtype", "bfloat16",
              "--kv-cache-dtype", "fp8")
     assert "--dtype" not in filled(r) and "--kv-cache-dtype" not in filled(r)
     assert any("bfloat16" in w for w in r.warnings) and any("fp8" in w and "0.26" in w for w in r.warnings)
@@ -222,17 +223,24 @@ def test_fp8_kv_through_our_backend_keeps_the_021_context(vllm):
 
 
 def test_unverified_turbo_falls_back_to_fp16_kv_with_the_reason():
-    """0.33 pins Triton 3.8, where the Turbo hook is not verified (yet): fp16 KV on TRITON_ATTN, saying why;
+    """0.33 with Triton 3.9, where the Turbo hook is not verified: fp16 KV on TRITON_ATTN, saying why;
     the rule follows the Turbo decision, not a list of releases."""
-    r = fill(pinned_facts("0.33.0"))
+    r = fill(Facts.from_dict(facts_dict(versions={"vllm": "0.33.0", "triton": "3.9.0"})))
     got = filled(r)
     assert got["--kv-cache-dtype"] == "auto" and got["--attention-backend"] == "TRITON_ATTN"
     assert int(got["--max-model-len"]) < 262144
     why = next(a.reason for a in r.args if a.flag == "--kv-cache-dtype")
-    assert "turbo=off-unverified-triton-3.8.0" in why and "tensor cores" in why
-    # A decision for a Triton our attention kernel was verified with (hypothetical on 0.33, which pins 3.8)
+    assert "turbo=off-unverified-triton-3.9.0" in why and "tensor cores" in why
+    # A decision for a Triton our attention kernel was verified with (hypothetical on 0.33)
     verified = TurboDecision(True, True, "auto", "Triton 3.6 verified", triton="3.6.0")
     got = filled(fill_launch(pinned_facts("0.33.0"), read_model(str(QWEN)), "auto",
                              read_vllm_args([str(QWEN)]), TABLE, turbo=verified))
     assert got["--kv-cache-dtype"] == "fp8" and got["--attention-backend"] == "CUSTOM"
     assert got["--max-model-len"] == "262144"
+
+
+def test_a_verified_hook_is_not_enough_for_a_kernel_not_checked_on_that_triton():
+    """0.33 pins Triton 3.8: the hook and our GDN kernels were checked there, our attention kernel was not."""
+    r = fill(pinned_facts("0.33.0"))
+    why = next(a.reason for a in r.args if a.flag == "--kv-cache-dtype")
+    assert "our attention kernel was not verified with Triton 3.8.0" in why

@@ -44,7 +44,7 @@ def test_sm75_with_verified_triton_installs_the_strict_allowlist_hook(machine) -
     ([A100], "3.6.0", {}, "off-not-sm75"),
     ([], "3.6.0", {}, "off-not-sm75"),
     ([TI], "3.6.0", {"CAOVAN_TURBO": "off"}, "off-by-user"),
-    ([TI], "3.7.0", {}, "off-unverified-triton-3.7.0"),
+    ([TI], "3.9.0", {}, "off-unverified-triton-3.9.0"),
 ])
 def test_no_hook_where_it_does_not_apply(machine, gpus, triton, env, line) -> None:
     machine(gpus, triton, **env)
@@ -52,11 +52,11 @@ def test_no_hook_where_it_does_not_apply(machine, gpus, triton, env, line) -> No
 
 
 def test_forced_on_with_an_unverified_triton_warns_and_installs_non_strict(machine, caplog) -> None:
-    machine([TI], "3.7.0", CAOVAN_TURBO="on")
+    machine([TI], "3.9.0", CAOVAN_TURBO="on")
     with caplog.at_level(logging.WARNING, logger="caovan_vllm_sm75_turbo3"):
-        assert install_turbo() == "on-unverified-triton-3.7.0"
+        assert install_turbo() == "on-unverified-triton-3.9.0"
     assert current_hook() is not None and not current_hook().selector.strict
-    assert any("turbo=on-unverified-triton-3.7.0" in r.getMessage() for r in caplog.records)
+    assert any("turbo=on-unverified-triton-3.9.0" in r.getMessage() for r in caplog.records)
 
 
 def test_a_bad_setting_is_logged_and_nothing_is_installed(machine, caplog) -> None:

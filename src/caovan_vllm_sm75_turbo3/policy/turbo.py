@@ -15,7 +15,7 @@ from ..versions import minor
 
 # Triton releases whose stages-hook protocol and cache key we read and tested the hook against
 # (triton/backends/nvidia/compiler.py add_stages, triton/compiler/compiler.py get_cache_key).
-HOOK_TRITON_VERSIONS = ("3.6",)
+HOOK_TRITON_VERSIONS = ("3.6", "3.7", "3.8")
 # Our kernels' Triton functions as the allowlist names them: each claim of tensor cores checks its own.
 GDN_KERNELS = ("_prep_kernel", "_state_kernel")
 ATTENTION_KERNELS = ("_attn_kernel",)   # its split merge has no products: it needs no tensor cores
