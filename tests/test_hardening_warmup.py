@@ -122,6 +122,7 @@ def test_a_header_breaking_key_from_the_environment_names_the_variable(fake, cap
     ("http://127.0.0.1:99999", "the port must be a whole number from 1 to 65535"),
     ("http://127.0.0.1:abc", "the port must be a whole number from 1 to 65535"),
     ("http://127.0.0.1:0", "the port must be a whole number from 1 to 65535"),
+    ("http://127.0.0.1:/v1", "the port must be a whole number from 1 to 65535"),  # a colon with no port
     ("http://" + "a" * 254 + ":8000", "the host name is longer than 253 characters"),
     ("http://" + "b" * 64 + ".example:8000", "a label of the host name is longer than 63 characters"),
     ("file:///etc/passwd", "use http://HOST:PORT"),

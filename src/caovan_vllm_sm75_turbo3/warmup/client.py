@@ -123,7 +123,7 @@ def _split_api_base(url: str, refuse: Callable[[str], SettingError]) -> SplitRes
                      else f"{err}; use http://HOST:PORT") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise refuse("use http://HOST:PORT, for example http://127.0.0.1:8000.")
-    if port == 0:
+    if port == 0 or (port is None and parts.netloc.endswith(":")):  # `host:` with nothing after the colon
         raise refuse("the port must be a whole number from 1 to 65535")
     host = parts.hostname
     if len(host) > 253:
