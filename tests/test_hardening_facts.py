@@ -132,3 +132,11 @@ def test_markup_in_a_gpu_name_is_printed_literally(tmp_path):
     r = run_main(doctor.PROG, doctor.main, ["--facts", str(p)])
     assert_clean(r)
     assert "[bold]Evil[/nope] [/]" in r.out
+
+
+@pytest.mark.parametrize("key", ["notes", "extra"])
+def test_a_null_list_or_map_at_the_top_is_unknown_not_a_crash(key):
+    # Found by the derandomized CI profile: `"notes": null` made the doctor's report raise a TypeError.
+    r = _doctor_on(json.dumps({"gpus": [], key: None}))
+    assert_clean(r)
+    assert r.code == 2 and "Traceback" not in r.err  # no GPU: FAIL, reported, not crashed

@@ -207,8 +207,11 @@ _NAMED = {"cpu_governor", "cpu_governors", "throttle_reasons", "p2p_read"}
 
 
 def _field_value(name: str, hint: str, value: Any, where: str) -> Any:
-    """One known field checked against its declared type; None (unknown) always passes."""
+    """One known field checked against its declared type; None (unknown) always passes, and for a
+    list or map field that cannot be None it means empty."""
     if value is None:
+        if "None" not in hint and hint.startswith(("list", "dict")):
+            return [] if hint.startswith("list") else {}
         return None
     path = f"{where}.{name}" if where else name
     if name == "compute_capability" and isinstance(value, (int, float)) and not isinstance(value, bool):
