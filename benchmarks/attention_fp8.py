@@ -67,8 +67,13 @@ def _specs():
     return attn, [merge_spec(D, s) for s in SPLITS if s > 1]
 
 
-def build(out: Path) -> None:
-    """Write the sm_75 PTX of every (format, config, split count) the cases can use, with a meta.json."""
+def build(out: Path, allow_spills: bool = False) -> None:
+    """Write the sm_75 PTX of every (format, config, split count) the cases can use, with a meta.json.
+
+    A turbo build that spills on sm_75 stops the build unless `allow_spills`: then it is reported
+    and kept (meta.json has its spill bytes), since spills are sm_75's ptxas's and the PTX that
+    `run` JITs elsewhere is the same.
+    """
     import triton
 
     from caovan_vllm_sm75_turbo3.kernels.turbo.compile import compile_for_sm75
@@ -83,7 +88,9 @@ def build(out: Path) -> None:
         if info.global_scratch_bytes or n_params != len(spec.args) + 2:
             raise SystemExit(f"{spec.name}: unexpected parameters ({n_params}) or global scratch")
         if turbo and info.spill_bytes:
-            raise SystemExit(f"{spec.name}: {info.spill_bytes} spill bytes")
+            if not allow_spills:
+                raise SystemExit(f"{spec.name}: {info.spill_bytes} spill bytes")
+            print(f"{spec.name}: {info.spill_bytes} spill bytes on sm_75 (kept: --allow-spills)", flush=True)
         (out / f"{spec.name}.ptx").write_text(info.ptx)
         meta[spec.name] = {"entry": info.entry, "shared": info.shared_bytes, "num_warps": info.num_warps,
                            "args": spec.args, "build": info.build, **info.summary_numbers(),
@@ -289,13 +296,15 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="write the sm_75 turbo PTX of every config the cases use; no GPU")
     b.add_argument("--out", type=Path, required=True)
+    b.add_argument("--allow-spills", action="store_true",
+                   help="keep turbo builds that spill on sm_75 (their PTX still serves `run`'s check elsewhere)")
     r = sub.add_parser("run", help="check and time every case on this machine's GPU")
     r.add_argument("--ptx", type=Path, required=True)
     r.add_argument("--json", type=Path)
     r.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
     a = ap.parse_args(argv)
     if a.cmd == "build":
-        build(a.out)
+        build(a.out, a.allow_spills)
         return 0
     cases = [x.strip() for x in a.cases.split(",") if x.strip()]
     unknown = [x for x in cases if x not in CASES]
