@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 
 import pytest
-from hostile import FAST, SECRET, assert_clean, run_main
+from helpers.hostile import FAST, SECRET, assert_clean, run_main
 from hypothesis import assume, given
 from hypothesis import strategies as st
 

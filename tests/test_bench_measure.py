@@ -8,13 +8,13 @@ import json
 import time
 
 import pytest
-from conftest import EXAMPLES
+from helpers.facts import EXAMPLES
 
 from caovan_vllm_sm75_turbo3.cli.bench import PROG, main
 from caovan_vllm_sm75_turbo3.cli.common import run_cli
 from caovan_vllm_sm75_turbo3.warmup.client import ServerClient
 
-from fake_vllm_server import MODEL, fake  # noqa: F401  (fake is a pytest fixture)
+from helpers.fake_vllm_server import MODEL, fake  # noqa: F401  (fake is a pytest fixture)
 
 PACE = 50.0  # tok/s per stream
 DELAY_S, PREFILL = 0.2, 4000.0  # first token after DELAY_S + prompt / PREFILL

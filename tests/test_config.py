@@ -7,7 +7,7 @@ from caovan_vllm_sm75_turbo3.config import (load_settings, parse_additional_conf
                                             specs)
 from caovan_vllm_sm75_turbo3.errors import SettingError
 
-from conftest import ROOT
+from helpers.facts import ROOT
 
 
 def test_defaults_when_nothing_is_given():

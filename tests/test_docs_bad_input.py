@@ -14,14 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from hostile import run_main
+from helpers.hostile import run_main
 
 from caovan_vllm_sm75_turbo3.caches.key import env_key, key_from_components
 from caovan_vllm_sm75_turbo3.cli import cache, doctor, serve, warmup
 from caovan_vllm_sm75_turbo3.runtime.facts import Facts
 from caovan_vllm_sm75_turbo3.logtriage import reader
 
-from conftest import EXAMPLES, ROOT, facts_dict
+from helpers.facts import EXAMPLES, ROOT, facts_dict
 
 DOC = ROOT / "docs" / "bad-input.md"
 FACTS = str(EXAMPLES / "2x2080ti-22g.json")

@@ -17,9 +17,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from cache_trees import (EXAMPLE, Env, cenv, fill, make_deep, remove_deep, run, run_json,  # noqa: F401
+from helpers.cache_trees import (EXAMPLE, Env, cenv, fill, make_deep, remove_deep, run, run_json,  # noqa: F401
                          tree_hash)
-from hostile import BOUND_S, FAST, assert_clean, run_main
+from helpers.hostile import BOUND_S, FAST, assert_clean, run_main
 from hypothesis import given
 from hypothesis import strategies as st
 

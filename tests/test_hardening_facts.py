@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from hostile import FAST, VALUES, assert_clean, deep, run_main
+from helpers.hostile import FAST, VALUES, assert_clean, deep, run_main
 
 from caovan_vllm_sm75_turbo3.cli import doctor
 from caovan_vllm_sm75_turbo3.errors import FactsError
 from caovan_vllm_sm75_turbo3.runtime.facts import Facts
 
-from conftest import EXAMPLES, facts_dict
+from helpers.facts import EXAMPLES, facts_dict
 
 # Every known key of every section, so a generated value lands where the validator must look.
 _KEYS = [("gpus", k) for k in ("index", "name", "compute_capability", "memory_total_mib", "uuid")] + [

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from hostile import FAST, assert_clean, run_main
+from helpers.hostile import FAST, assert_clean, run_main
 
 from caovan_vllm_sm75_turbo3.cli import serve
 from caovan_vllm_sm75_turbo3.policy.vllm_args import (ARG_RULES, AUTO_LEN, LaunchNumbers, check_launch_args,
                                                       human_int, read_vllm_args)
 
-from conftest import EXAMPLES
+from helpers.facts import EXAMPLES
 
 FACTS = str(EXAMPLES / "2x2080ti-22g.json")  # two visible SM75 GPUs
 MODEL = str(EXAMPLES / "models" / "qwen3.6-27b-awq")
@@ -192,7 +192,7 @@ _SIZES = st.sampled_from([0, 1, 2**31, 2**53 + 1, 10**18]) | st.integers(min_val
 @FAST
 @given(gpu_mib=_SIZES, host_mib=_SIZES, util=st.sampled_from(["0.01", "1", "1e-300", "0.999999999"]))
 def test_every_json_plan_is_strict_json(tmp_path_factory, gpu_mib, host_mib, util):
-    from conftest import facts_dict
+    from helpers.facts import facts_dict
     data = facts_dict(host={"memory_total_mib": host_mib})
     for gpu in data["gpus"]:
         gpu["memory_total_mib"] = gpu_mib

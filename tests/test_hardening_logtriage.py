@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from hostile import FAST, assert_clean, run_main
+from helpers.hostile import FAST, assert_clean, run_main
 
 from caovan_vllm_sm75_turbo3.cli import doctor
 from caovan_vllm_sm75_turbo3.logtriage import reader
 
-from conftest import ROOT, facts_dict
+from helpers.facts import ROOT, facts_dict
 
 BIN = Path(sys.executable).parent
 ERR = "caovan-sm75-doctor: error: "

@@ -12,13 +12,13 @@ import time
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from hostile import FAST, VALUES, assert_clean, deep, run_main
+from helpers.hostile import FAST, VALUES, assert_clean, deep, run_main
 
 from caovan_vllm_sm75_turbo3.cli import doctor, serve
 from caovan_vllm_sm75_turbo3.errors import ModelError
 from caovan_vllm_sm75_turbo3.runtime.model import INDEX_FILE, model_shape, read_model
 
-from conftest import EXAMPLES
+from helpers.facts import EXAMPLES
 
 FACTS = str(EXAMPLES / "2x2080ti-22g.json")
 QWEN_CONFIG = json.loads((EXAMPLES / "models" / "qwen3.6-27b-awq" / "config.json").read_text())

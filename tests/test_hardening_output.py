@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from hostile import FAST, VALUES, run_main
+from helpers.hostile import FAST, VALUES, run_main
 
 from caovan_vllm_sm75_turbo3.cli import common, doctor
 
-from conftest import EXAMPLES, ROOT
+from helpers.facts import EXAMPLES, ROOT
 
 BIN = Path(sys.executable).parent
 FACTS = str(EXAMPLES / "2x2080ti-22g.json")

@@ -8,14 +8,14 @@ import json
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from hostile import FAST, VALUES, assert_clean, deep, run_main
+from helpers.hostile import FAST, VALUES, assert_clean, deep, run_main
 
 from caovan_vllm_sm75_turbo3.cli import doctor, serve
 from caovan_vllm_sm75_turbo3.config import load_settings, specs
 from caovan_vllm_sm75_turbo3.errors import SettingError
 from caovan_vllm_sm75_turbo3.policy.vllm_args import read_vllm_args
 
-from conftest import EXAMPLES
+from helpers.facts import EXAMPLES
 
 FACTS = str(EXAMPLES / "2x2080ti-22g.json")
 _KEYS = [s.config_key for s in specs()] + ["caovan_bogus", "other_plugin"]

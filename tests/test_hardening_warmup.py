@@ -23,7 +23,7 @@ from caovan_vllm_sm75_turbo3.errors import SettingError
 from caovan_vllm_sm75_turbo3.warmup.client import ServerClient, StepError, normalize_api_base, redact
 from caovan_vllm_sm75_turbo3.warmup.readiness import NotReady, wait_until_ready
 
-from fake_vllm_server import MODEL, fake  # noqa: F401  (fake is a pytest fixture)
+from helpers.fake_vllm_server import MODEL, fake  # noqa: F401  (fake is a pytest fixture)
 
 SMALL = ["--max-num-batched-tokens", "128", "--max-num-seqs", "1", "--decode-tokens", "4", "--no-warm-pass",
          "--poll-interval", "0.05"]
@@ -228,7 +228,7 @@ _numbers = st.one_of(st.floats(allow_nan=True, allow_infinity=True).map(repr),
 @pytest.fixture(scope="module")
 def quiet_server():
     """One fake for all examples; it serves another model, so a valid command ends at readiness (exit 2)."""
-    from fake_vllm_server import FakeConfig, FakeVllm
+    from helpers.fake_vllm_server import FakeConfig, FakeVllm
     srv = FakeVllm(FakeConfig(models=("other-model",))).start()
     try:
         yield srv

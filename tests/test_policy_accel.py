@@ -6,7 +6,7 @@ import itertools
 from types import SimpleNamespace
 
 import pytest
-from conftest import ROOT, RTX3090, TI22, facts_dict
+from helpers.facts import ROOT, RTX3090, TI22, facts_dict
 
 from caovan_vllm_sm75_turbo3.config import load_settings
 from caovan_vllm_sm75_turbo3.kernels.turbo.allowlist import load_allowlist, triton_version_matches

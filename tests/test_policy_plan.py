@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import RTX3090, TI22, facts_dict
+from helpers.facts import RTX3090, TI22, facts_dict
 
 from caovan_vllm_sm75_turbo3 import __version__
 from caovan_vllm_sm75_turbo3.config import load_settings

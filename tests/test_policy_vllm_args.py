@@ -9,7 +9,7 @@ import pytest
 from caovan_vllm_sm75_turbo3.errors import SettingError
 from caovan_vllm_sm75_turbo3.policy.vllm_args import read_vllm_args, serve_args
 
-from conftest import REFERENCE
+from helpers.facts import REFERENCE
 
 
 

@@ -11,7 +11,7 @@ from caovan_vllm_sm75_turbo3.warmup.client import (Refused, Rejected, Reply, Ser
                                                    error_message, is_loopback, normalize_api_base, parse_chat)
 from caovan_vllm_sm75_turbo3.warmup.readiness import EXIT_BAD_INPUT, EXIT_NOT_READY, NotReady, wait_until_ready
 
-from fake_vllm_server import MODEL, fake  # noqa: F401  (fake is a pytest fixture)
+from helpers.fake_vllm_server import MODEL, fake  # noqa: F401  (fake is a pytest fixture)
 
 
 def chat_body(label="x", **extra):
@@ -197,7 +197,7 @@ def test_models_needs_the_key_but_health_does_not(fake):
 
 def test_fake_models_schema_is_vllms():
     # The fake's /v1/models card carries the fields of vLLM 0.21's ModelCard.
-    from fake_vllm_server import FakeVllm
+    from helpers.fake_vllm_server import FakeVllm
     srv = FakeVllm().start()
     try:
         data = httpx.get(srv.url + "/v1/models", timeout=5).json()

@@ -10,7 +10,7 @@ from caovan_vllm_sm75_turbo3.warmup.ladder import (CONTEXT_MARGIN, LadderConfig,
                                                    warm_pass)
 from caovan_vllm_sm75_turbo3.warmup.prompts import MAX_FIT_ROUNDS, chat_messages, filler, fit_prompt
 
-from fake_vllm_server import render_chat, tokenize
+from helpers.fake_vllm_server import render_chat, tokenize
 
 
 @pytest.mark.parametrize("budget", [512, 2048, 3000, 8192, 16384])

@@ -12,7 +12,7 @@ import pytest
 from caovan_vllm_sm75_turbo3.cli.common import run_cli
 from caovan_vllm_sm75_turbo3.cli.warmup import PROG, main
 
-from fake_vllm_server import MODEL, fake  # noqa: F401  (fake is a pytest fixture)
+from helpers.fake_vllm_server import MODEL, fake  # noqa: F401  (fake is a pytest fixture)
 
 pytestmark = pytest.mark.vllm
 

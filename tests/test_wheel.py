@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EXAMPLES, ROOT
+from helpers.facts import EXAMPLES, ROOT
 
 HEAVY = ("torch", "triton", "vllm", "flashinfer")
 

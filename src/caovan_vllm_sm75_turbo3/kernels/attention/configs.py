@@ -5,7 +5,7 @@ Two shapes per pair, picked on the host from `max_seqlen_q` alone (no autotuning
 otherwise. BLOCK_M is the mma's M: the query rows of a program are (token, GQA head) pairs of one
 KV head, so a decode step still fills M >= 16 with the query heads sharing that KV head. Every
 entry is checked to build for sm_75 with the Turbo rewrite in <= 64 KiB of shared memory and
-without spills (tests/test_attention_sm75_fit.py).
+without spills (tests/test_kernels_attention_fit.py).
 """
 
 from __future__ import annotations

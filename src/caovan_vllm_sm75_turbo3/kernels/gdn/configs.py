@@ -4,7 +4,7 @@ vLLM's FLA kernels autotune on the first (64-token warmup) call and reuse that c
 tokens; here the choice is a table lookup on shapes known on the host, so a serving process
 never benchmarks and never depends on what the first request looked like. Every entry is
 checked to compile for sm_75 within 64 KiB of shared memory and without register spills
-(tests/test_gdn_sm75_fit.py).
+(tests/test_kernels_gdn_fit.py).
 """
 
 from __future__ import annotations

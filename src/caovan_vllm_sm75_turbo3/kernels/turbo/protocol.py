@@ -9,7 +9,7 @@ env_vars=...)` of triton.compiler.compiler (which `install` wraps) before it bui
 capability they plan for; `CUDAOptions` has `arch`, `num_stages`, `enable_fp_fusion` and
 `ptx_options`; `TRITON_OVERRIDE_ARCH` (knobs.runtime.override_arch) only sets `options.arch`.
 
-What differs is the `Triton` rows below. `tests/test_turbo_protocol.py` checks the installed
+What differs is the `Triton` rows below. `tests/test_kernels_turbo_protocol.py` checks the installed
 Triton's source against its row, so a release that changes any of it fails there first.
 """
 

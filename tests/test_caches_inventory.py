@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cache_trees import EXAMPLE, cenv, fill, restore_modes, run, run_json, run_unprivileged  # noqa: F401
+from helpers.cache_trees import EXAMPLE, cenv, fill, restore_modes, run, run_json, run_unprivileged  # noqa: F401
 
 from caovan_vllm_sm75_turbo3.caches.inventory import tree_stats
 from caovan_vllm_sm75_turbo3.caches.key import env_key

@@ -8,7 +8,7 @@ import multiprocessing as mp
 from pathlib import Path
 
 import pytest
-from conftest import facts_dict
+from helpers.facts import facts_dict
 
 from caovan_vllm_sm75_turbo3.caches.layout import read_manifest
 from caovan_vllm_sm75_turbo3.launch import plan_launch

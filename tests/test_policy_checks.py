@@ -7,7 +7,7 @@ from caovan_vllm_sm75_turbo3.policy.checks import Status
 from caovan_vllm_sm75_turbo3.runtime.facts import Facts
 from caovan_vllm_sm75_turbo3.runtime.model import ModelFacts, read_model
 
-from conftest import RTX3090, T4, TI22, facts_dict
+from helpers.facts import RTX3090, T4, TI22, facts_dict
 
 
 def by_name(facts: Facts, model=None) -> dict[str, C.CheckResult]:

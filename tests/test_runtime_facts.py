@@ -5,7 +5,7 @@ import pytest
 from caovan_vllm_sm75_turbo3.errors import FactsError
 from caovan_vllm_sm75_turbo3.runtime.facts import Facts
 
-from conftest import EXAMPLES, facts_dict
+from helpers.facts import EXAMPLES, facts_dict
 
 MINIMAL = {  # the shape issue #2 promises users can share
     "gpus": [{"index": 0, "name": "NVIDIA GeForce RTX 2080 Ti", "compute_capability": "7.5",

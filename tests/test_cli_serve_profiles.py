@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import EXAMPLES, ROOT
+from helpers.facts import EXAMPLES, ROOT
 
 MODEL = str(EXAMPLES / "models" / "qwen3.6-27b-awq")
 FACTS = str(EXAMPLES / "2x2080ti-22g.json")

@@ -7,7 +7,7 @@ import json
 import shutil
 
 import pytest
-from conftest import EXAMPLES, facts_dict
+from helpers.facts import EXAMPLES, facts_dict
 
 from caovan_vllm_sm75_turbo3.errors import SettingError
 from caovan_vllm_sm75_turbo3.policy.launch_fill import capture_sizes, conservative_tp, fill_launch

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from turbo_isolation import in_clean_child
+from helpers.turbo_isolation import in_clean_child
 
 # [_prep_kernel] builds every pinned GDN prep spec plain and turbo: 121 s with a cold Triton cache on a
 # loaded 2-core machine, so an explicit limit well over 3x that.

@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import facts_dict
+from helpers.facts import facts_dict
 
 from caovan_vllm_sm75_turbo3 import __version__
 from caovan_vllm_sm75_turbo3.caches.layout import read_manifest

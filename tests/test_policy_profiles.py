@@ -10,7 +10,7 @@ import json
 from importlib import resources
 
 import pytest
-from conftest import EXAMPLES, ROOT, facts_dict
+from helpers.facts import EXAMPLES, ROOT, facts_dict
 
 from caovan_vllm_sm75_turbo3.policy import vllm_versions as vv
 from caovan_vllm_sm75_turbo3.policy.launch_fill import ProfileArg, fill_launch

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from turbo_isolation import CHILD_FLAG
+from helpers.turbo_isolation import CHILD_FLAG
 
-# The test_turbo_check.py child imports vLLM and builds every allowlisted kernel plain and turbo:
+# The test_cli_kernels_check.py child imports vLLM and builds every allowlisted kernel plain and turbo:
 # 337 s on a loaded 2-core machine, so a limit above the child's own 1500 s one.
 pytestmark = [pytest.mark.triton_compile, pytest.mark.vllm, pytest.mark.timeout(1800)]
 
 TESTS = Path(__file__).resolve().parent
-MODULES = ["test_turbo_rewrite.py", "test_turbo_compile.py", "test_turbo_hook.py", "test_turbo_check.py"]
+MODULES = ["test_kernels_turbo_rewrite.py", "test_kernels_turbo_compile.py", "test_kernels_turbo_hook.py", "test_cli_kernels_check.py"]
 
 
 @pytest.mark.parametrize("module", MODULES)

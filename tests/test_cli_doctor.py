@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import EXAMPLES, RTX3090, T4, TI22, facts_dict
+from helpers.facts import EXAMPLES, RTX3090, T4, TI22, facts_dict
 
 HEADER = "Caovan vLLM SM75 Turbo3 external plugin v"
 

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from turbo_isolation import in_clean_child
+from helpers.turbo_isolation import in_clean_child
 
 pytestmark = [in_clean_child, pytest.mark.triton_compile]
 
@@ -19,7 +19,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from caovan_vllm_sm75_turbo3.kernels.turbo.compile import jit_function  # noqa: E402
 
-from turbo_kernels import DOT_SIG, tile_dot_kernel  # noqa: E402
+from helpers.turbo_kernels import DOT_SIG, tile_dot_kernel  # noqa: E402
 
 K16 = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
 K8 = "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32"

@@ -8,8 +8,8 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import EXAMPLES, TI22, facts_dict
-from hostile import FAST, VALUES, assert_clean, run_main
+from helpers.facts import EXAMPLES, TI22, facts_dict
+from helpers.hostile import FAST, VALUES, assert_clean, run_main
 from hypothesis import given
 from hypothesis import strategies as st
 

@@ -9,7 +9,7 @@ import sys
 import textwrap
 
 import pytest
-from conftest import ROOT
+from helpers.facts import ROOT
 
 from caovan_vllm_sm75_turbo3.policy import vllm_versions as vv
 

@@ -13,7 +13,7 @@ import json
 import math
 
 import pytest
-from conftest import facts_dict
+from helpers.facts import facts_dict
 
 from caovan_vllm_sm75_turbo3.errors import Turbo3Refused
 from caovan_vllm_sm75_turbo3.versions import minor_key

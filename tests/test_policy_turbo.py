@@ -8,7 +8,7 @@ from caovan_vllm_sm75_turbo3.config import load_settings
 from caovan_vllm_sm75_turbo3.policy.turbo import decide_turbo, judge_turbo_build
 from caovan_vllm_sm75_turbo3.runtime.facts import Facts
 
-from conftest import RTX3090, TI22, facts_dict
+from helpers.facts import RTX3090, TI22, facts_dict
 
 
 def _facts(gpus=None) -> Facts:

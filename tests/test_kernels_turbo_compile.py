@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from turbo_isolation import in_clean_child
+from helpers.turbo_isolation import in_clean_child
 
 pytestmark = [in_clean_child, pytest.mark.triton_compile]
 
@@ -13,7 +13,7 @@ pytest.importorskip("triton")
 from caovan_vllm_sm75_turbo3.kernels.turbo.compile import (  # noqa: E402
     TurboBuildError, compile_for_sm75, divisibility_attrs, jit_function)
 
-from turbo_kernels import DOT_SIG, TF32_SIG, tf32_dot_kernel, tile_dot_kernel  # noqa: E402
+from helpers.turbo_kernels import DOT_SIG, TF32_SIG, tf32_dot_kernel, tile_dot_kernel  # noqa: E402
 
 TILE = {"BM": 64, "BN": 64, "BK": 32}
 

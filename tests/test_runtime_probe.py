@@ -97,7 +97,7 @@ def test_nvml_failure_midway_is_recorded(monkeypatch):
 
 
 def test_load_facts_prefers_the_named_file(write_facts):
-    from conftest import facts_dict
+    from helpers.facts import facts_dict
     p = write_facts(facts_dict())
     assert probe_mod.load_facts(str(p)).sm75_count == 2
 

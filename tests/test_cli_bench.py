@@ -12,7 +12,7 @@ import textwrap
 import time
 
 import pytest
-from conftest import EXAMPLES
+from helpers.facts import EXAMPLES
 
 from caovan_vllm_sm75_turbo3.bench import runner
 from caovan_vllm_sm75_turbo3.bench.measure import default_concurrency, default_prompt_tokens
@@ -23,7 +23,7 @@ from caovan_vllm_sm75_turbo3.cli.bench import PROG, main
 from caovan_vllm_sm75_turbo3.cli.common import run_cli
 from caovan_vllm_sm75_turbo3.errors import SettingError
 
-from fake_vllm_server import MODEL, fake  # noqa: F401  (fake is a pytest fixture)
+from helpers.fake_vllm_server import MODEL, fake  # noqa: F401  (fake is a pytest fixture)
 
 QUICK = dict(pace_tok_s=40.0, prefill_tok_s=1000.0, tokens_per_chunk=3, spec_tokens=3)  # below the field numbers
 TINY = ["--prompt-tokens", "48", "--output-tokens", "7", "--concurrency", "1", "--repeats", "1"]

@@ -10,7 +10,7 @@ from caovan_vllm_sm75_turbo3.policy.memory_plan import (
 )
 from caovan_vllm_sm75_turbo3.runtime.model import ModelShape, model_shape, read_model
 
-from conftest import EXAMPLES
+from helpers.facts import EXAMPLES
 
 QWEN = EXAMPLES / "models" / "qwen3.6-27b-awq"
 QWEN_SIZE = 19_547_555_040  # the example index's metadata.total_size

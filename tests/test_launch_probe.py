@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from test_serve_cli import FACTS, MODEL, clean_env, launch, venv_with_fake_vllm  # noqa: F401 (fixture)
+from test_cli_serve import FACTS, MODEL, clean_env, launch, venv_with_fake_vllm  # noqa: F401 (fixture)
 
 from caovan_vllm_sm75_turbo3.launch import plan_launch
 from caovan_vllm_sm75_turbo3.policy.vllm_args import read_vllm_args

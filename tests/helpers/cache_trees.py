@@ -23,7 +23,7 @@ from caovan_vllm_sm75_turbo3.cli import cache as cli
 from caovan_vllm_sm75_turbo3.cli.common import run_cli
 from caovan_vllm_sm75_turbo3.runtime.facts import Facts
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "2x2080ti-22g.json"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "2x2080ti-22g.json"
 CACHE_VARS = ("VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE",
               "TORCH_EXTENSIONS_DIR", "CUDA_CACHE_PATH", "TRITON_HOME", "XDG_CACHE_HOME", "CAOVAN_CACHE_DIR",
               "CAOVAN_FACTS", "CAOVAN_CACHE_ISOLATION")

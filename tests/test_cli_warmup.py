@@ -13,8 +13,8 @@ from caovan_vllm_sm75_turbo3.cli.warmup import PROG, LiveProgress, main
 from caovan_vllm_sm75_turbo3.warmup.ladder import LadderConfig, build_ladder, warm_pass
 from caovan_vllm_sm75_turbo3.warmup.runner import WarmupOptions, warm_fleet
 
-from conftest import ROOT
-from fake_vllm_server import MODEL, fake, render_chat, tokenize  # noqa: F401  (fake is a pytest fixture)
+from helpers.facts import ROOT
+from helpers.fake_vllm_server import MODEL, fake, render_chat, tokenize  # noqa: F401  (fake is a pytest fixture)
 
 READY = "[Caovan] warmup=READY"
 # A small ladder so the tests are quick: prefill 128, 256, 512 (the budget) and 768 (past it).

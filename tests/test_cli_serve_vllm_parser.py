@@ -16,7 +16,7 @@ import pytest
 from caovan_vllm_sm75_turbo3.cli.serve import BOOL_FLAGS, VALUE_FLAGS
 from caovan_vllm_sm75_turbo3.policy.vllm_args import SHORT_ALIASES, check_launch_args, read_vllm_args
 
-from conftest import REFERENCE
+from helpers.facts import REFERENCE
 
 pytestmark = pytest.mark.vllm
 

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from turbo_isolation import in_clean_child
+from helpers.turbo_isolation import in_clean_child
 
 pytestmark = [in_clean_child, pytest.mark.triton_compile]
 
@@ -25,7 +25,7 @@ from caovan_vllm_sm75_turbo3.kernels.turbo.allowlist import (  # noqa: E402
 from caovan_vllm_sm75_turbo3.kernels.turbo.hook import AllowlistSelector, current_hook, installed  # noqa: E402
 from caovan_vllm_sm75_turbo3.kernels.turbo.pipeline import TURBO_TAG  # noqa: E402
 
-from turbo_kernels import DOT_SIG, tile_dot_kernel  # noqa: E402
+from helpers.turbo_kernels import DOT_SIG, tile_dot_kernel  # noqa: E402
 
 TILE = {"BM": 64, "BN": 64, "BK": 32}
 
@@ -52,7 +52,7 @@ RUNNING = ".".join(triton.__version__.split(".")[:2])   # the lane's Triton: 3.6
 
 def _allow(configs=({"BM": 64, "num_warps": 4},), digest: str | None = None, versions=(RUNNING,)) -> Allowlist:
     return parse_allowlist({"kernels": [{
-        "name": "tile_dot_kernel", "modules": ["turbo_kernels"],
+        "name": "tile_dot_kernel", "modules": ["helpers.turbo_kernels"],
         "source_sha256": [digest or source_digest(jit_function(tile_dot_kernel).src)],
         "triton_versions": list(versions), "configs": list(configs), "check": {}}]})
 

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cache_trees import (Env, cenv, fill, restore_modes, run, run_json,  # noqa: F401
+from helpers.cache_trees import (Env, cenv, fill, restore_modes, run, run_json,  # noqa: F401
                          run_unprivileged, tree_hash)
 
 from caovan_vllm_sm75_turbo3.caches import clean as clean_mod
