@@ -9,9 +9,10 @@ Triton but not torch, so the builds run in a venv with Triton alone.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
+from ..turbo.compile import jit_function
+from ..turbo.spec import KernelSpec
 from .configs import DECODE, FORMAT_CODE, HEAD_DIMS, PREFILL
 from .triton_kernels import _attn_kernel, _merge_kernel
 
@@ -21,36 +22,6 @@ SPEC_GROUP = 6
 SPEC_SPLITS = 16  # a long-context decode's split count (the kernel is the same for every S > 1)
 _STRIDES = ("sq_tok", "sq_head", "so_tok", "so_head", "sk_blk", "sk_off", "sk_head", "sv_blk", "sv_off", "sv_head",
             "ks_seq", "ks_head", "vs_seq", "vs_head")
-
-
-@dataclass(frozen=True)
-class KernelSpec:
-    """One kernel to compile: `fn` is a triton JITFunction; `args` lists the runtime parameters in order."""
-
-    name: str
-    fn: Any
-    signature: dict[str, str]
-    constexprs: dict[str, Any]
-    num_warps: int
-    divisible: tuple[str, ...]
-
-    @property
-    def args(self) -> list[str]:
-        """Names of the parameters that stay in the compiled kernel's parameter list, in order."""
-        return [n for n, t in self.signature.items() if t != "constexpr"]
-
-    @property
-    def attrs(self) -> dict:
-        """Triton attrs with pointers and layout strides 16-divisible, as the JIT specialises them."""
-        from ..turbo.compile import divisibility_attrs
-
-        return divisibility_attrs(self.fn, list(self.divisible))
-
-
-def _jit(kernel: Any) -> Any:
-    from ..turbo.compile import jit_function
-
-    return jit_function(kernel)
 
 
 def attention_spec(head_dim: int, kv_format: str, *, decode: bool, num_splits: int) -> KernelSpec:
@@ -72,7 +43,7 @@ def attention_spec(head_dim: int, kv_format: str, *, decode: bool, num_splits: i
     sig |= {n: "constexpr" for n in cx}
     divisible = tuple(n for n, t in sig.items() if t.startswith("*")) + _STRIDES
     name = f"attn_d{head_dim}_{kv_format}_{'decode' if decode else 'prefill'}_s{num_splits}"
-    return KernelSpec(name, _jit(_attn_kernel), sig, cx, cfg.num_warps, divisible)
+    return KernelSpec(name, jit_function(_attn_kernel), sig, cx, cfg.num_warps, divisible)
 
 
 def merge_spec(head_dim: int, num_splits: int = SPEC_SPLITS) -> KernelSpec:
@@ -82,7 +53,7 @@ def merge_spec(head_dim: int, num_splits: int = SPEC_SPLITS) -> KernelSpec:
     cx = {"NUM_SPLITS": num_splits, "HEAD_DIM": head_dim}
     sig |= {n: "constexpr" for n in cx}
     divisible = ("out", "part_o", "part_m", "part_l", "cu_q", "so_tok", "so_head")
-    return KernelSpec(f"attn_merge_d{head_dim}_s{num_splits}", _jit(_merge_kernel), sig, cx, 4, divisible)
+    return KernelSpec(f"attn_merge_d{head_dim}_s{num_splits}", jit_function(_merge_kernel), sig, cx, 4, divisible)
 
 
 def pinned_specs() -> list[KernelSpec]:

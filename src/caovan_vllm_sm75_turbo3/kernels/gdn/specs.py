@@ -8,47 +8,14 @@ module needs Triton but not torch, so the builds run in a venv with Triton alone
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
+from ..turbo.compile import jit_function
+from ..turbo.spec import KernelSpec
 from .configs import CHUNK, L2NORM_EPS, PREP, STATE
 from .triton_kernels import _prep_kernel, _state_kernel
 
 # Qwen3.6-27B at tensor parallel 2: 8 key heads, 24 value heads per GPU. H and HV only set
 # index arithmetic, so one pair stands for all.
 SPEC_HEADS = (8, 24)
-
-
-@dataclass(frozen=True)
-class KernelSpec:
-    """One kernel to compile: `fn` is a triton JITFunction; `args` lists the runtime parameters in order."""
-
-    name: str
-    fn: Any
-    signature: dict[str, str]
-    constexprs: dict[str, Any]
-    num_warps: int
-
-    @property
-    def args(self) -> list[str]:
-        """Names of the parameters that stay in the compiled kernel's parameter list, in order."""
-        return [n for n, t in self.signature.items() if t != "constexpr"]
-
-    @property
-    def attrs(self) -> dict:
-        """Triton attrs with every pointer 16-byte aligned, as the JIT specialises torch allocations."""
-        from ..turbo.compile import divisibility_attrs
-
-        return divisibility_attrs(self.fn, [n for n, t in self.signature.items() if t.startswith("*")])
-
-
-def _jit(kernel: Any) -> Any:
-    """A compilable JITFunction even when TRITON_INTERPRET=1 made `kernel` an interpreted one."""
-    import triton
-
-    if isinstance(kernel, triton.runtime.JITFunction):
-        return kernel
-    return triton.runtime.JITFunction(kernel.fn, do_not_specialize=kernel.kwargs.get("do_not_specialize"))
 
 
 def prep_spec(head_k: int, head_v: int, *, l2norm: bool, chunk_indices: bool) -> KernelSpec:
@@ -64,7 +31,7 @@ def prep_spec(head_k: int, head_v: int, *, l2norm: bool, chunk_indices: bool) ->
           "HAS_CHUNK_INDICES": chunk_indices, "USE_L2NORM": l2norm, "EPS": L2NORM_EPS}
     sig |= {n: "constexpr" for n in cx}
     name = f"gdn_prep_k{head_k}_v{head_v}{'_l2' if l2norm else ''}{'_ci' if chunk_indices else ''}"
-    return KernelSpec(name, _jit(_prep_kernel), sig, cx, cfg.num_warps)
+    return KernelSpec(name, jit_function(_prep_kernel), sig, cx, cfg.num_warps)
 
 
 def state_spec(head_k: int, head_v: int) -> KernelSpec:
@@ -76,7 +43,7 @@ def state_spec(head_k: int, head_v: int) -> KernelSpec:
     cx = {"HV": SPEC_HEADS[1], "K": head_k, "V": head_v, "BT": CHUNK, "BV": cfg.block_v, "IS_VARLEN": True,
           "USE_INITIAL_STATE": True, "STORE_FINAL_STATE": True}
     sig |= {n: "constexpr" for n in cx}
-    return KernelSpec(f"gdn_state_k{head_k}_v{head_v}_bv{cfg.block_v}", _jit(_state_kernel), sig, cx, cfg.num_warps)
+    return KernelSpec(f"gdn_state_k{head_k}_v{head_v}_bv{cfg.block_v}", jit_function(_state_kernel), sig, cx, cfg.num_warps)
 
 
 def pinned_specs() -> list[KernelSpec]:

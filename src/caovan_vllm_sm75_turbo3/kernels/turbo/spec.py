@@ -1,0 +1,35 @@
+"""One kernel to build for sm_75 ahead of time, as its launcher specialises it (the fit tests,
+`caovan-sm75-kernels check` and the benchmarks' PTX builds all compile from these)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """`fn` is a Triton JITFunction; `signature` maps every parameter to its Triton type ("constexpr"
+    for those in `constexprs`); `divisible` names the parameters Triton's JIT marks 16-divisible
+    (None: every pointer, as torch allocations are)."""
+
+    name: str
+    fn: Any
+    signature: dict[str, str]
+    constexprs: dict[str, Any]
+    num_warps: int
+    divisible: tuple[str, ...] | None = None
+
+    @property
+    def args(self) -> list[str]:
+        """Names of the parameters that stay in the compiled kernel's parameter list, in order."""
+        return [n for n, t in self.signature.items() if t != "constexpr"]
+
+    @property
+    def attrs(self) -> dict:
+        """Triton attrs with the divisible parameters marked, as the JIT specialises them."""
+        from .compile import divisibility_attrs
+
+        names = self.divisible if self.divisible is not None else [
+            n for n, t in self.signature.items() if t.startswith("*")]
+        return divisibility_attrs(self.fn, list(names))
