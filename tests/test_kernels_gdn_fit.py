@@ -12,59 +12,33 @@ process where its interpreter has run (other test modules use it). Needs ptxas; 
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 
 pytest.importorskip("triton")   # torch is not needed: specs.py imports only the Triton kernels
 from caovan_vllm_sm75_turbo3.kernels.gdn.specs import pinned_specs  # noqa: E402
+from helpers.fit import SHARED_LIMIT, assert_turbo_fits, build_in_child  # noqa: E402
 
 pytestmark = [pytest.mark.triton_compile,
               pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas (CUDA toolkit) not on PATH")]
 
-SHARED_LIMIT = 65536
 PLAIN = "plain:gdn_prep_k128_v128_ci"
 
-_BUILD_ALL = """
-import json
+SPECS = """
 from caovan_vllm_sm75_turbo3.kernels.gdn.specs import pinned_specs, prep_spec
-from caovan_vllm_sm75_turbo3.kernels.turbo.compile import compile_for_sm75
-
-def build(spec, turbo):
-    try:
-        info = compile_for_sm75(spec.fn, spec.signature, spec.constexprs, num_warps=spec.num_warps, attrs=spec.attrs,
-                                turbo=turbo, num_stages=1)
-    except Exception as err:
-        return {"error": f"{type(err).__name__}: {err}"[:2000]}
-    return {"build": info.build, "sm75_target": ".target sm_75" in info.ptx, "k16_left": "m16n8k16" in info.ptx,
-            **info.summary_numbers()}
-
-out = {spec.name: build(spec, True) for spec in pinned_specs()}
-out["plain:gdn_prep_k128_v128_ci"] = build(prep_spec(128, 128, l2norm=False, chunk_indices=True), False)
-print(json.dumps(out))
+TURBO, PLAIN = pinned_specs(), [prep_spec(128, 128, l2norm=False, chunk_indices=True)]
 """
 
 
 @pytest.fixture(scope="module")
 def builds() -> dict:
-    env = dict(os.environ, TRITON_INTERPRET="0")
-    run = subprocess.run([sys.executable, "-c", _BUILD_ALL], env=env, capture_output=True, text=True, timeout=1200)
-    assert run.returncode == 0, run.stderr[-3000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    return build_in_child(SPECS)
 
 
 @pytest.mark.parametrize("name", [s.name for s in pinned_specs()])
 def test_turbo_build_fits_sm75(builds, name):
-    info = builds[name]
-    assert "error" not in info, info.get("error")
-    assert info["build"] == "turbo" and info["sm75_target"] and not info["k16_left"]
-    assert info["shared_bytes"] <= SHARED_LIMIT, f"{name}: {info['shared_bytes']} bytes of shared memory"
-    assert info["spill_bytes"] == 0, f"{name}: {info['spill_bytes']} spill bytes ({info['registers']} registers)"
-    assert info["mma_count"] > 0, f"{name}: no tensor-core mma in the PTX"
+    assert_turbo_fits(name, builds[name])
 
 
 def test_plain_build_compiles_within_shared_memory(builds):
