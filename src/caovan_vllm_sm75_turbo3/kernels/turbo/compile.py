@@ -79,11 +79,12 @@ def jit_function(fn: Any) -> Any:
 
 def compile_for_sm75(fn: Any, signature: Mapping[str, str], constexprs: Mapping[str, Any], *,
                      num_warps: int, turbo: bool, attrs: Mapping | None = None,
-                     num_stages: int = 2) -> CompiledInfo:
+                     num_stages: int = 2, maxnreg: int | None = None) -> CompiledInfo:
     """Compile `fn` for sm_75 plain (`turbo=False`) or turbo; registers and spills from ptxas -v.
 
     `attrs` is Triton's attrs dict ({(arg_index,): [["tt.divisibility", 16]]}); see
     `divisibility_attrs`. `num_stages` applies to the plain build; turbo always uses one stage.
+    `maxnreg` is Triton's launch option of that name (`.maxnreg` in the PTX), as a launcher passes it.
     Raises `TurboBuildError` when the turbo build fails.
     """
     import triton
@@ -94,16 +95,18 @@ def compile_for_sm75(fn: Any, signature: Mapping[str, str], constexprs: Mapping[
     with knobs.runtime.scope():
         knobs.runtime.interpret = False   # Triton cannot compile while TRITON_INTERPRET=1 is in effect
         return _compile(triton, GPUTarget, ASTSource, fn, signature, constexprs, num_warps, turbo, attrs,
-                        num_stages)
+                        num_stages, maxnreg)
 
 
 def _compile(triton: Any, GPUTarget: Any, ASTSource: Any, fn: Any, signature: Mapping[str, str],
              constexprs: Mapping[str, Any], num_warps: int, turbo: bool, attrs: Mapping | None,
-             num_stages: int) -> CompiledInfo:
+             num_stages: int, maxnreg: int | None) -> CompiledInfo:
     jit = jit_function(fn)
     src = ASTSource(fn=jit, signature=dict(signature), constexprs=dict(constexprs),
                     attrs=dict(attrs or {}))
-    options = {"num_warps": num_warps, "num_stages": num_stages}
+    options: dict[str, Any] = {"num_warps": num_warps, "num_stages": num_stages}
+    if maxnreg is not None:
+        options["maxnreg"] = maxnreg
     target = GPUTarget("cuda", SM75, 32)
     if turbo:
         ident = kernel_identity(src)

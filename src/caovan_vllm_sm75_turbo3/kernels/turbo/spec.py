@@ -11,7 +11,8 @@ from typing import Any
 class KernelSpec:
     """`fn` is a Triton JITFunction; `signature` maps every parameter to its Triton type ("constexpr"
     for those in `constexprs`); `divisible` names the parameters Triton's JIT marks 16-divisible
-    (None: every pointer, as torch allocations are)."""
+    (None: every pointer, as torch allocations are); `maxnreg` is the launcher's Triton option of
+    that name (None: not passed)."""
 
     name: str
     fn: Any
@@ -19,6 +20,7 @@ class KernelSpec:
     constexprs: dict[str, Any]
     num_warps: int
     divisible: tuple[str, ...] | None = None
+    maxnreg: int | None = None
 
     @property
     def args(self) -> list[str]:
