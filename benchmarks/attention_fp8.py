@@ -83,7 +83,7 @@ def build(out: Path, allow_spills: bool = False) -> None:
     attn, merges = _specs()
     for spec, turbo in [(s, True) for s in attn] + [(s, False) for s in merges]:
         info = compile_for_sm75(spec.fn, spec.signature, spec.constexprs, num_warps=spec.num_warps, attrs=spec.attrs,
-                                turbo=turbo, num_stages=1)
+                                turbo=turbo, num_stages=1, maxnreg=spec.maxnreg)
         n_params = len({p for p in info.ptx.split() if p.startswith(info.entry + "_param_")})
         if info.global_scratch_bytes or n_params != len(spec.args) + 2:
             raise SystemExit(f"{spec.name}: unexpected parameters ({n_params}) or global scratch")
@@ -93,7 +93,7 @@ def build(out: Path, allow_spills: bool = False) -> None:
             print(f"{spec.name}: {info.spill_bytes} spill bytes on sm_75 (kept: --allow-spills)", flush=True)
         (out / f"{spec.name}.ptx").write_text(info.ptx)
         meta[spec.name] = {"entry": info.entry, "shared": info.shared_bytes, "num_warps": info.num_warps,
-                           "args": spec.args, "build": info.build, **info.summary_numbers(),
+                           "maxnreg": spec.maxnreg, "args": spec.args, "build": info.build, **info.summary_numbers(),
                            "triton": triton.__version__}
         print(spec.name, info.build, info.summary_numbers(), flush=True)
     (out / "meta.json").write_text(json.dumps(meta, indent=1))

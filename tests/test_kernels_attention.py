@@ -173,6 +173,31 @@ def test_config_choice_follows_the_longest_query():
     assert select(128, "fp16", 32, 1).block_m == 32  # a GQA group larger than 16 rows widens M
 
 
+@pytest.mark.parametrize("decode", [True, False])
+def test_launch_options_are_the_specs(monkeypatch, decode):
+    """The launcher passes the options the sm_75 fit test builds with (num_warps, maxnreg: the
+    e5m2 decode's register cap), so the product runs the build that was checked."""
+    from caovan_vllm_sm75_turbo3.kernels.attention.specs import SPEC_GROUP, attention_spec
+
+    launches = []
+    interpreted = kernel._attn_kernel
+
+    class Recording:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                launches.append(kwargs)
+                return interpreted[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(kernel, "_attn_kernel", Recording())
+    assert _run("fp8_e5m2", 128, SPEC_GROUP, 1, 16, [DECODE if decode else FRESH], num_splits=2) <= BUDGET
+    spec = attention_spec(128, "fp8_e5m2", decode=decode, num_splits=2)
+    assert spec.maxnreg == (255 if decode else None)
+    assert [(k["num_warps"], k["num_stages"], k["maxnreg"]) for k in launches] == [(spec.num_warps, 1, spec.maxnreg)]
+    assert {n: launches[0][n] for n in ("BLOCK_M", "BLOCK_Q", "TILE_N")} == {
+        n: spec.constexprs[n] for n in ("BLOCK_M", "BLOCK_Q", "TILE_N")}
+
+
 def test_split_plan_fills_the_gpu_from_host_numbers():
     assert kernel.plan_splits(2, 131072, 68) == 64
     assert kernel.plan_splits(2, 4096, 68) == 8  # no split shorter than MIN_KEYS_PER_SPLIT

@@ -22,7 +22,7 @@ from caovan_vllm_sm75_turbo3.kernels.turbo.compile import compile_for_sm75
 def build(spec, turbo):
     try:
         info = compile_for_sm75(spec.fn, spec.signature, spec.constexprs, num_warps=spec.num_warps, attrs=spec.attrs,
-                                turbo=turbo, num_stages=1)
+                                turbo=turbo, num_stages=1, maxnreg=spec.maxnreg)
     except Exception as err:
         return {{"error": f"{{type(err).__name__}}: {{err}}"[:2000]}}
     return {{"build": info.build, "sm75_target": ".target sm_75" in info.ptx, "k16_left": "m16n8k16" in info.ptx,

@@ -101,7 +101,8 @@ def unified_attention(
         return out
     call = plan_call(q, k, v, out, cu_seqlens_q, seqused_k, block_table, k_descale, v_descale, s, max_seqlen_q,
                      max_seqlen_k, float(softmax_scale), float(softcap), num_splits)
-    _attn_kernel[call.grid](*call.args.values(), **call.constexprs, num_warps=call.config.num_warps, num_stages=1)
+    _attn_kernel[call.grid](*call.args.values(), **call.constexprs, num_warps=call.config.num_warps, num_stages=1,
+                            maxnreg=call.config.maxnreg)
     if call.merge_grid is not None:
         _merge_kernel[call.merge_grid](*call.merge_args.values(), NUM_SPLITS=call.num_splits, HEAD_DIM=s.head_dim,
                                        num_warps=4)

@@ -43,7 +43,7 @@ def attention_spec(head_dim: int, kv_format: str, *, decode: bool, num_splits: i
     sig |= {n: "constexpr" for n in cx}
     divisible = tuple(n for n, t in sig.items() if t.startswith("*")) + _STRIDES
     name = f"attn_d{head_dim}_{kv_format}_{'decode' if decode else 'prefill'}_s{num_splits}"
-    return KernelSpec(name, jit_function(_attn_kernel), sig, cx, cfg.num_warps, divisible)
+    return KernelSpec(name, jit_function(_attn_kernel), sig, cx, cfg.num_warps, divisible, maxnreg=cfg.maxnreg)
 
 
 def merge_spec(head_dim: int, num_splits: int = SPEC_SPLITS) -> KernelSpec:
