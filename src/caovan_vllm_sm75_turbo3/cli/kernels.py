@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Compile every allowlisted kernel and config for sm_75 (no GPU needed), plain Triton "
                     "and through the turbo rewrite; print shared memory (<= 65536 bytes), registers, spill "
                     "bytes (must be 0 for turbo), mma.sync and fp32 FMA counts (turbo: mma present, at most "
-                    "5%% of the plain build's FMAs), and pass/fail.",
+                    "5% of the plain build's FMAs), and pass/fail.",
         epilog="Exit codes: 0 all pass, 1 a build misses its numbers, 2 bad input or kernels not importable.")
     check.add_argument("--json", action="store_true",
                        help="print a JSON list, one object per kernel, config and build")

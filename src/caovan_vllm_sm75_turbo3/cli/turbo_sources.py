@@ -102,8 +102,9 @@ class CheckRow:
         return dict(self.__dict__)
 
 
-def check_builds(kernel: ResolvedKernel) -> Iterator[tuple[dict[str, Any], dict[str, str], dict[str, Any], int]]:
-    """(config, signature, constexprs, num_warps) of each build the check compiles for the entry.
+def check_builds(kernel: ResolvedKernel) -> Iterator[tuple[dict[str, Any], dict[str, str], dict[str, Any], int,
+                                                           list[str]]]:
+    """(config, signature, constexprs, num_warps, divisible parameters) of each build the check compiles.
 
     The entry's `check` either gives one `signature` and base `constexprs` (each verified config
     adds its own), or names a `specs` provider ("module:function") returning objects with `fn`,
@@ -112,14 +113,26 @@ def check_builds(kernel: ResolvedKernel) -> Iterator[tuple[dict[str, Any], dict[
     check = kernel.entry.check
     if "specs" in check:
         for spec in _pinned_specs(kernel, listed=True):
-            yield ({"spec": spec.name, "num_warps": spec.num_warps}, dict(spec.signature),
-                   dict(spec.constexprs), int(spec.num_warps))
+            # the launcher's stages and register cap, so the plain build is the product's fallback
+            cfg = {"spec": spec.name, "num_warps": spec.num_warps, "num_stages": spec.num_stages}
+            if spec.maxnreg:
+                cfg["maxnreg"] = spec.maxnreg
+            yield cfg, dict(spec.signature), dict(spec.constexprs), int(spec.num_warps), _divisible(spec)
         return
     base = dict(check["constexprs"])
     for cfg in kernel.entry.configs:
         cx = dict(base)
         cx.update({k: v for k, v in cfg.items() if k != "num_warps"})
-        yield dict(cfg), dict(check["signature"]), cx, int(cfg["num_warps"])
+        sig = dict(check["signature"])
+        yield dict(cfg), sig, cx, int(cfg["num_warps"]), [n for n, t in sig.items() if t.startswith("*")]
+
+
+def _divisible(spec: Any) -> list[str]:
+    """The parameters a pinned spec marks 16-divisible (pointers, and for some kernels layout strides),
+    so the check compiles what the product's launch specialises."""
+    if spec.divisible is not None:
+        return list(spec.divisible)
+    return [n for n, t in spec.signature.items() if t.startswith("*")]
 
 
 def _pinned_specs(kernel: ResolvedKernel, *, listed: bool) -> list[Any]:
@@ -142,16 +155,18 @@ def check_kernel(kernel: ResolvedKernel) -> list[CheckRow]:
     from ..policy.turbo import SM75_SHARED_LIMIT, judge_turbo_build
 
     rows = []
-    for cfg, sig, cx, warps in check_builds(kernel):
-        attrs = divisibility_attrs(kernel.fn, [n for n, t in sig.items() if t.startswith("*")])
-        plain = compile_for_sm75(kernel.fn, sig, cx, num_warps=warps, turbo=False, attrs=attrs)
+    for cfg, sig, cx, warps, divisible in check_builds(kernel):
+        attrs = divisibility_attrs(kernel.fn, divisible)
+        plain = compile_for_sm75(kernel.fn, sig, cx, num_warps=warps, turbo=False, attrs=attrs,
+                                 num_stages=cfg.get("num_stages", 2), maxnreg=cfg.get("maxnreg"))
         rows.append(CheckRow(kernel.entry.name, "plain", cfg, **plain.summary_numbers(),
                              ok=plain.shared_bytes <= SM75_SHARED_LIMIT,
                              problems=[] if plain.shared_bytes <= SM75_SHARED_LIMIT else
                              [f"shared memory {plain.shared_bytes} > {SM75_SHARED_LIMIT}"]))
         row = CheckRow(kernel.entry.name, "turbo", cfg)
         try:
-            turbo = compile_for_sm75(kernel.fn, sig, cx, num_warps=warps, turbo=True, attrs=attrs)
+            turbo = compile_for_sm75(kernel.fn, sig, cx, num_warps=warps, turbo=True, attrs=attrs,
+                                     maxnreg=cfg.get("maxnreg"))
         except TurboBuildError as err:
             row.problems = [f"turbo build failed: {err}"]
         else:

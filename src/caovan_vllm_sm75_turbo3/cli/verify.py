@@ -62,7 +62,8 @@ def _run_case(kernel: Any, entry: Any, cfg: dict, sig: dict, cx: dict, warps: in
     refs = case.reference()
     row: dict[str, Any] = {"kernel": entry.name, "config": cfg, "tokens": case.tokens}
     for build in ("turbo", "plain"):
-        info = compile_for_sm75(kernel.fn, sig, cx, num_warps=warps, turbo=build == "turbo", attrs=attrs)
+        info = compile_for_sm75(kernel.fn, sig, cx, num_warps=warps, turbo=build == "turbo", attrs=attrs,
+                                maxnreg=cfg.get("maxnreg"))
         for t in case.outputs.values():
             t.fill_(float("nan"))
         info.kernel[case.grid](*[case.args[n] for n in kernel.fn.arg_names])
@@ -95,7 +96,7 @@ def main(argv: Sequence[str]) -> int:
             skipped.append(f"{entry.name}: checked by {entry.numeric}")
             continue
         kernel = resolve(entry)
-        cfg, sig, cx, warps = next(iter(check_builds(kernel)))     # one verified config per kernel
+        cfg, sig, cx, warps, _ = next(iter(check_builds(kernel)))  # one verified config per kernel
         for packing in C.packings("quick"):
             rows.append(_run_case(kernel, entry, cfg, sig, cx, warps, packing, device, gen))
     from ..plugin.dispatch.verify import FAIL, verify_prefill

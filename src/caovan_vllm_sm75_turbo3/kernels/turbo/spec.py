@@ -21,6 +21,7 @@ class KernelSpec:
     num_warps: int
     divisible: tuple[str, ...] | None = None
     maxnreg: int | None = None
+    num_stages: int = 1   # our launchers pass one stage (cp.async, which more stages use, is sm_80-only)
 
     @property
     def args(self) -> list[str]:
