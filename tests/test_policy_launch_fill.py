@@ -67,10 +67,9 @@ def test_field_launch_on_2x22g_vllm021():
     ("0.23.0", "fp8", "FLASHINFER", "align"),
     ("0.24.0", "fp8", "CUSTOM", "align"),       # our attention backend, Triton 3.6: the hook's tensor cores
     ("0.26.0", "fp8", "CUSTOM", "align"),
-    # Triton 3.7/3.8: the hook and our GDN kernels are verified there, our attention kernel not yet: fp16 KV
-    ("0.32.0", "auto", "TRITON_ATTN", "align"),
-    ("0.33.0", "auto", "TRITON_ATTN", None),    # --mamba-cache-mode deprecated, no effect
-    ("0.34.0", "auto", "TRITON_ATTN", None),
+    ("0.32.0", "fp8", "CUSTOM", "align"),       # Triton 3.7: the hook and our kernels verified there too
+    ("0.33.0", "fp8", "CUSTOM", None),          # Triton 3.8; --mamba-cache-mode deprecated, no effect
+    ("0.34.0", "fp8", "CUSTOM", None),
 ])
 def test_release_rules(vllm, kv, backend, mamba):
     got = filled(fill(pinned_facts(vllm)))
@@ -239,8 +238,20 @@ def test_unverified_turbo_falls_back_to_fp16_kv_with_the_reason():
     assert got["--max-model-len"] == "262144"
 
 
-def test_a_verified_hook_is_not_enough_for_a_kernel_not_checked_on_that_triton():
-    """0.33 pins Triton 3.8: the hook and our GDN kernels were checked there, our attention kernel was not."""
+def test_a_verified_hook_is_not_enough_for_a_kernel_not_checked_on_that_triton(monkeypatch):
+    """With our attention kernel listed for Triton 3.6 only, 0.33 (Triton 3.8, where the hook is verified) plans
+    fp16 KV and says which kernel was not checked there."""
+    from dataclasses import replace
+
+    from caovan_vllm_sm75_turbo3.kernels.turbo import allowlist as al
+    from caovan_vllm_sm75_turbo3.policy import turbo as policy_turbo
+
+    real = al.load_allowlist()
+    only_36 = replace(real, kernels=tuple(replace(k, triton_versions=("3.6",)) if k.name == "_attn_kernel" else k
+                                          for k in real.kernels))
+    monkeypatch.setattr(policy_turbo, "load_allowlist", lambda: only_36)
     r = fill(pinned_facts("0.33.0"))
+    got = filled(r)
+    assert got["--kv-cache-dtype"] == "auto" and got["--attention-backend"] == "TRITON_ATTN"
     why = next(a.reason for a in r.args if a.flag == "--kv-cache-dtype")
     assert "our attention kernel was not verified with Triton 3.8.0" in why
