@@ -302,10 +302,8 @@ def _make_handler(server: FakeVllm) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(raw)
 
-        def _paced(self, model: str, words: list[str], usage: dict[str, Any], finish: str, n_prompt: int,
-                   include_usage: bool) -> None:
-            """A stream at a known pace, several tokens per chunk after the first (speculative decoding)."""
-            began = time.monotonic()
+        def _open_stream(self, model: str) -> dict[str, Any]:
+            """Headers of a chunked event stream and vLLM's first (role) chunk; the chunks' common fields."""
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream; charset=utf-8")
             self.send_header("Transfer-Encoding", "chunked")
@@ -313,6 +311,13 @@ def _make_handler(server: FakeVllm) -> type[BaseHTTPRequestHandler]:
             base = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
             self._sse({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                             "logprobs": None, "finish_reason": None}]})
+            return base
+
+        def _paced(self, model: str, words: list[str], usage: dict[str, Any], finish: str, n_prompt: int,
+                   include_usage: bool) -> None:
+            """A stream at a known pace, several tokens per chunk after the first (speculative decoding)."""
+            began = time.monotonic()
+            base = self._open_stream(model)
             first = began + cfg.first_token_delay_s + (n_prompt / cfg.prefill_tok_s if cfg.prefill_tok_s else 0.0)
             pieces = [words[:1]] + [words[i:i + cfg.tokens_per_chunk]
                                     for i in range(1, len(words), cfg.tokens_per_chunk)]
@@ -478,13 +483,7 @@ def _make_handler(server: FakeVllm) -> type[BaseHTTPRequestHandler]:
 
         def _stream(self, body: dict[str, Any], model: str, words: list[str], usage: dict[str, Any],
                     finish: str, fault: str, thinking: bool) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream; charset=utf-8")
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
-            base = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
-            self._sse({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                            "logprobs": None, "finish_reason": None}]})
+            base = self._open_stream(model)
             if fault == "malformed":
                 self._sse(b'{"id": "chatcmpl-1", "choices": [{"delta": {"content": " w0"')
             if fault == "wrong-shape":
