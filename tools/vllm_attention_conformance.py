@@ -13,12 +13,10 @@ against its committed row and exits 1 on a mismatch.
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
-from vllm_conformance import WHEELS, _wheel, folder_reader, releases
+from vllm_conformance import WHEELS, cached_sources, folder_reader, releases
 
 from caovan_vllm_sm75_turbo3.plugin.attention.controller import FAMILIES, family_for
 from caovan_vllm_sm75_turbo3.plugin.attention.interface import AttentionConformance, check_sources
@@ -34,25 +32,7 @@ HEAD = ["vLLM", "family (release table)", "registry: CUSTOM + register_backend",
 
 def sources(version: str, wheels: Path, cache: Path) -> Path:
     """The folder holding this release's files the attention check reads (extracted once)."""
-    folder = cache / version
-    if (folder / ".complete").is_file():
-        return folder
-    wheel, ours = _wheel(version, wheels), False
-    if wheel is None:
-        wheels.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", f"vllm=={version}", "-d",
-                        str(wheels)], check=True, timeout=1800)
-        wheel, ours = _wheel(version, wheels), True
-    with zipfile.ZipFile(wheel) as z:
-        names = set(z.namelist())
-        for path in {p for f in FAMILIES for p in f.source_files()} & names:
-            (folder / path).parent.mkdir(parents=True, exist_ok=True)
-            (folder / path).write_bytes(z.read(path))
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / ".complete").write_text(wheel.name + "\n")
-    if ours:
-        wheel.unlink()
-    return folder
+    return cached_sources(version, wheels, cache, {p for f in FAMILIES for p in f.source_files()})
 
 
 def row(version: str, read) -> str:

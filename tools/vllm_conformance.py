@@ -79,8 +79,8 @@ def _wheel(version: str, wheels: Path) -> Path | None:
     return found[0] if found else None
 
 
-def cached_sources(version: str, wheels: Path, cache: Path) -> Path:
-    """The folder holding this release's needed source files (extracted once)."""
+def cached_sources(version: str, wheels: Path, cache: Path, files: set[str] | None = None) -> Path:
+    """The folder holding this release's `files` (default: the GDN check's), extracted once."""
     folder = cache / version
     if (folder / ".complete").is_file():
         return folder
@@ -95,7 +95,7 @@ def cached_sources(version: str, wheels: Path, cache: Path) -> Path:
             raise RuntimeError(f"pip download of vllm=={version} left no wheel in {wheels}")
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
-        for path in needed_files():
+        for path in needed_files() if files is None else files:
             if path in names:
                 target = folder / path
                 target.parent.mkdir(parents=True, exist_ok=True)
