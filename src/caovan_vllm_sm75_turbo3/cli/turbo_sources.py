@@ -166,7 +166,7 @@ def check_kernel(kernel: ResolvedKernel) -> list[CheckRow]:
         row = CheckRow(kernel.entry.name, "turbo", cfg)
         try:
             turbo = compile_for_sm75(kernel.fn, sig, cx, num_warps=warps, turbo=True, attrs=attrs,
-                                     maxnreg=cfg.get("maxnreg"))
+                                     maxnreg=cfg.get("maxnreg"), fp32_dots=kernel.entry.fp32_dots)
         except TurboBuildError as err:
             row.problems = [f"turbo build failed: {err}"]
         else:

@@ -30,6 +30,8 @@ class KernelEntry:
     check: Mapping[str, Any]        # how the offline check compiles it: signature, constexprs, attrs
     numeric: str                    # which numeric case checks it (kernels.turbo.cases)
     evidence: Mapping[str, Any] = field(default_factory=dict)
+    # "f16x3": its IEEE fp32 dots are planned as tf32 and built as split-fp16 products (pipeline.py)
+    fp32_dots: str = ""
 
     def config_matches(self, constants: Mapping[str, Any], num_warps: int) -> bool:
         """True when one verified config equals these constexprs (on its keys) and num_warps."""
@@ -75,9 +77,11 @@ def parse_allowlist(data: Mapping[str, Any]) -> Allowlist:
                 triton_versions=tuple(raw["triton_versions"]),
                 configs=tuple(dict(c) for c in raw["configs"]),
                 check=dict(raw["check"]), numeric=raw.get("numeric", ""),
-                evidence=dict(raw.get("evidence", {}))))
+                evidence=dict(raw.get("evidence", {})), fp32_dots=raw.get("fp32_dots", "")))
         except (KeyError, TypeError) as err:
             raise ValueError(f"{ALLOWLIST_FILE}: kernels[{i}] is malformed ({err})") from None
+        if entries[-1].fp32_dots not in ("", "f16x3"):
+            raise ValueError(f"{ALLOWLIST_FILE}: kernels[{i}] has unknown fp32_dots {entries[-1].fp32_dots!r}")
     return Allowlist(kernels=tuple(entries), rejected=tuple(dict(r) for r in data.get("rejected", [])))
 
 

@@ -79,12 +79,13 @@ def jit_function(fn: Any) -> Any:
 
 def compile_for_sm75(fn: Any, signature: Mapping[str, str], constexprs: Mapping[str, Any], *,
                      num_warps: int, turbo: bool, attrs: Mapping | None = None,
-                     num_stages: int = 2, maxnreg: int | None = None) -> CompiledInfo:
+                     num_stages: int = 2, maxnreg: int | None = None, fp32_dots: str = "") -> CompiledInfo:
     """Compile `fn` for sm_75 plain (`turbo=False`) or turbo; registers and spills from ptxas -v.
 
     `attrs` is Triton's attrs dict ({(arg_index,): [["tt.divisibility", 16]]}); see
     `divisibility_attrs`. `num_stages` applies to the plain build; turbo always uses one stage.
     `maxnreg` is Triton's launch option of that name (`.maxnreg` in the PTX), as a launcher passes it.
+    `fp32_dots` is the allowlist entry's field of that name (turbo build only).
     Raises `TurboBuildError` when the turbo build fails.
     """
     import triton
@@ -95,12 +96,12 @@ def compile_for_sm75(fn: Any, signature: Mapping[str, str], constexprs: Mapping[
     with knobs.runtime.scope():
         knobs.runtime.interpret = False   # Triton cannot compile while TRITON_INTERPRET=1 is in effect
         return _compile(triton, GPUTarget, ASTSource, fn, signature, constexprs, num_warps, turbo, attrs,
-                        num_stages, maxnreg)
+                        num_stages, maxnreg, fp32_dots)
 
 
 def _compile(triton: Any, GPUTarget: Any, ASTSource: Any, fn: Any, signature: Mapping[str, str],
              constexprs: Mapping[str, Any], num_warps: int, turbo: bool, attrs: Mapping | None,
-             num_stages: int, maxnreg: int | None) -> CompiledInfo:
+             num_stages: int, maxnreg: int | None, fp32_dots: str) -> CompiledInfo:
     jit = jit_function(fn)
     src = ASTSource(fn=jit, signature=dict(signature), constexprs=dict(constexprs),
                     attrs=dict(attrs or {}))
@@ -114,6 +115,7 @@ def _compile(triton: Any, GPUTarget: Any, ASTSource: Any, fn: Any, signature: Ma
         def only_this(s: Any, backend: Any, opts: Any) -> bool:
             return kernel_identity(s) == ident and backend.target.arch == SM75
 
+        only_this.fp32_dots_for = lambda s: fp32_dots  # type: ignore[attr-defined]
         with installed(only_this, raise_on_fallback=True):
             kernel = triton.compile(src, target=target, options=options)
         if getattr(kernel.metadata, "caovan_turbo", None) is None:

@@ -27,8 +27,10 @@ from .pipeline import TURBO_TAG, TurboBuild, apply_turbo
 logger = logging.getLogger("caovan_vllm_sm75_turbo3.turbo")
 
 _MARK = "_caovan_turbo"   # attribute on the per-compile backend object: build this one turbo
+_FP32 = "_caovan_turbo_fp32_dots"   # and how its fp32 dots are built (pipeline.FP32_DOT_MODES)
 
-# Picks kernels for turbo: (src, backend, options) -> True to build it turbo.
+# Picks kernels for turbo: (src, backend, options) -> True to build it turbo. A selector may also
+# have `fp32_dots_for(src) -> str`, the picked kernel's fp32-dot mode ("" when it has none).
 Selector = Callable[[Any, Any, Any], bool]
 
 
@@ -72,6 +74,12 @@ class AllowlistSelector:
                 return False
         return True
 
+    def fp32_dots_for(self, src: Any) -> str:
+        """The `fp32_dots` field of the entry that `src` matches ("" when none)."""
+        ident = kernel_identity(src)
+        entry = self.allowlist.find(ident[0], ident[1]) if ident else None
+        return entry.fp32_dots if entry else ""
+
 
 @dataclass
 class TurboHook:
@@ -92,7 +100,7 @@ class TurboHook:
             name = getattr(backend, _MARK)
             apply_turbo(backend, stages, options,
                         on_fallback=None if self.raise_on_fallback else lambda why: self._fallback(name, why),
-                        on_built=lambda build: self._built(name, build))
+                        on_built=lambda build: self._built(name, build), fp32_dots=getattr(backend, _FP32, ""))
         if self.previous is not None:
             self.previous(*args)
 
@@ -137,8 +145,10 @@ def _keyed(original: Callable, selector: Selector) -> Callable:
             picked = False
         if not picked:
             return key
+        mode = selector.fp32_dots_for(src) if hasattr(selector, "fp32_dots_for") else ""
         setattr(backend, _MARK, src.name)
-        return f"{key}-{TURBO_TAG}"
+        setattr(backend, _FP32, mode)
+        return f"{key}-{TURBO_TAG}" + (f"-fp32-{mode}" if mode else "")   # the mode changes the binary
     get_cache_key.caovan_original = original  # type: ignore[attr-defined]
     return get_cache_key
 
