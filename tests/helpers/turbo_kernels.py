@@ -24,11 +24,20 @@ def tile_dot_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
 
 @triton.jit
 def tf32_dot_kernel(a_ptr, b_ptr, c_ptr, BM: tl.constexpr):
-    """An fp32 dot: planned as sm_80 it becomes a tf32 mma, which sm_75 does not have."""
+    """An fp32 dot: planned as sm_80 it becomes a tf32 mma, which the rewrite splits into fp16 ones."""
     r = tl.arange(0, BM)
     a = tl.load(a_ptr + r[:, None] * BM + r[None, :])
     b = tl.load(b_ptr + r[:, None] * BM + r[None, :])
     tl.store(c_ptr + r[:, None] * BM + r[None, :], tl.dot(a, b))
+
+
+@triton.jit
+def ieee_dot_kernel(a_ptr, b_ptr, c_ptr, BM: tl.constexpr):
+    """An IEEE fp32 dot (as vLLM's solve_tril asks): FMA unless the turbo build asks for tf32."""
+    r = tl.arange(0, BM)
+    a = tl.load(a_ptr + r[:, None] * BM + r[None, :])
+    b = tl.load(b_ptr + r[:, None] * BM + r[None, :])
+    tl.store(c_ptr + r[:, None] * BM + r[None, :], tl.dot(a, b, input_precision="ieee"))
 
 
 DOT_SIG = {"a_ptr": "*fp16", "b_ptr": "*fp16", "c_ptr": "*fp16", "M": "i32", "N": "i32", "K": "i32",

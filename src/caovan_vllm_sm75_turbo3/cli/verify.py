@@ -2,7 +2,8 @@
 
 Each allowlisted kernel is compiled for sm_75 twice (turbo and plain Triton), launched on fresh
 random inputs at Qwen3.6-27B TP2 shapes with NaN-poisoned outputs, and compared with a float64
-reference. PASS needs no NaN and a turbo error at most twice the plain build's. Then our GDN
+reference. PASS needs no NaN and a turbo error at most twice the plain build's (an fp32-dot
+kernel, exact FMA when plain, also passes under its case's `error_floor`, 1e-5). Then our GDN
 prefill runs through the same dispatch path as in vLLM (plugin/dispatch/verify.py), against the
 float64 reference and vLLM's own kernel. Exit 0 all PASS, 1 a FAIL, 2 no SM75 GPU here (or bad input).
 """
@@ -63,9 +64,9 @@ def _run_case(kernel: Any, entry: Any, cfg: dict, sig: dict, cx: dict, warps: in
     row: dict[str, Any] = {"kernel": entry.name, "config": cfg, "tokens": case.tokens}
     for build in ("turbo", "plain"):
         info = compile_for_sm75(kernel.fn, sig, cx, num_warps=warps, turbo=build == "turbo", attrs=attrs,
-                                maxnreg=cfg.get("maxnreg"))
+                                maxnreg=cfg.get("maxnreg"), fp32_dots=entry.fp32_dots)
         for t in case.outputs.values():
-            t.fill_(float("nan"))
+            t.fill_(case.fill)   # NaN, or the zeros a launcher allocates (vLLM's solve_tril)
         info.kernel[case.grid](*[case.args[n] for n in kernel.fn.arg_names])
         import torch
 
@@ -73,7 +74,8 @@ def _run_case(kernel: Any, entry: Any, cfg: dict, sig: dict, cx: dict, warps: in
         errs = C.compare(case, refs)
         row[f"{build}_err"] = max(errs.values())
     te, pe = row["turbo_err"], row["plain_err"]
-    row["ok"] = math.isfinite(te) and math.isfinite(pe) and te <= ERROR_RATIO_MAX * pe  # broken: inf
+    row["ok"] = math.isfinite(te) and math.isfinite(pe) and (   # broken: inf
+        te <= ERROR_RATIO_MAX * pe or te <= case.error_floor)   # the floor: fp32-dot kernels (cases.py)
     return row
 
 

@@ -33,6 +33,10 @@ class Case:
     reference: Callable[[], dict[str, torch.Tensor]]
     tokens: int
     extra: dict[str, Any] = field(default_factory=dict)
+    fill: float = float("nan")   # what the outputs hold before the launch (NaN: any unwritten element shows)
+    # An fp32-dot kernel also passes with an error under this (its plain sm_75 build is exact fp32 FMA;
+    # turbo's split-fp16 products are ~2^-22 per operand, still far finer than the fp16 the chain ends in).
+    error_floor: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -225,8 +229,87 @@ def fwd_o(packing: Packing, device: torch.device, gen: torch.Generator, cfg: dic
     return Case("chunk_fwd_kernel_o", args, (K // BV, NT, H), {"o": o}, reference, T)
 
 
+FP32_DOT_ERROR_FLOOR = 1e-5   # 20-50x the split's expected error, 30x under a tf32 product's
+
+
+def _kkt_chunks(packing: Packing, k: torch.Tensor, beta: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """beta_t k_t.k_s exp(g_t - g_s) for s < t inside a chunk, else 0: [NT, BT(t), H, BT(s)] float64."""
+    H, Hg = beta.shape[1], k.shape[1]
+    idx, mask = _chunk_index(packing, k.device)
+    kc = _gather(k, idx, mask)[:, :, torch.arange(H, device=k.device) // (H // Hg)]   # [NT, BT, H, K]
+    bc, gc = _gather(beta, idx, mask), _gather(g, idx, mask)                         # [NT, BT, H]
+    att = torch.einsum("nthk,nshk->nths", kc, kc) * bc[..., None]
+    att = att * torch.exp(gc[:, :, :, None] - gc.permute(0, 2, 1)[:, None, :, :])
+    lower = torch.ones(BT, BT, device=k.device, dtype=torch.bool).tril(-1)
+    valid = lower[None, :, None, :] & mask[:, :, None, None] & mask[:, None, None, :]
+    return torch.where(valid, att, torch.zeros((), dtype=att.dtype, device=k.device))
+
+
+def kkt(packing: Packing, device: torch.device, gen: torch.Generator, cfg: dict) -> Case:
+    """A = beta k k^T e^{g_t - g_s}, strictly lower per chunk, fp32 (chunk_scaled_dot_kkt_fwd_kernel)."""
+    T, Hg, H, K = packing.total, HEADS_K, HEADS_V, HEAD_DIM
+    x = _inputs(packing, device, gen)
+    m = _meta(packing, device)
+    A = _nan(T, H, BT, dtype=torch.float32, device=device)
+    args = {"k": x["k"], "beta": x["beta"], "g": x["g"], "A": A, "cu_seqlens": m["cu_seqlens"],
+            "chunk_indices": m["chunk_indices"], "T": T, "H": H, "Hg": Hg, "K": K, "BT": BT,
+            "BK": int(cfg["BK"]), "IS_VARLEN": True, "USE_G": True}
+
+    def reference() -> dict[str, torch.Tensor]:
+        idx, mask = _chunk_index(packing, device)
+        return {"A": _scatter(_kkt_chunks(packing, x["k"], x["beta"], x["g"]), idx, mask, T)}
+
+    return Case("chunk_scaled_dot_kkt_fwd_kernel", args, (len(packing.chunks()), H, 1), {"A": A}, reference, T,
+                error_floor=FP32_DOT_ERROR_FLOOR)
+
+
+def _solve_tril_case(packing: Packing, device: torch.device, x: dict[str, torch.Tensor]) -> Case:
+    """Ai = (I + A)^-1 per chunk, stored fp16 into a zero-filled tensor as vLLM's solve_tril does
+    (merge_16x16_to_64x64_inverse_kernel writes the diagonal and lower 16x16 blocks only)."""
+    T, H = packing.total, HEADS_V
+    m = _meta(packing, device)
+    idx, mask = _chunk_index(packing, device)
+    A = _scatter(_kkt_chunks(packing, x["k"], x["beta"], x["g"]), idx, mask, T).float()
+    Ai = torch.zeros(T, H, BT, dtype=torch.float16, device=device)
+    args = {"A": A, "Ai": Ai, "cu_seqlens": m["cu_seqlens"], "chunk_indices": m["chunk_indices"], "T": T,
+            "H": H, "BT": BT, "USE_TMA": False, "IS_VARLEN": True, "DOT_PRECISION": "ieee"}
+
+    def reference() -> dict[str, torch.Tensor]:
+        Ac = _gather(A, idx, mask).permute(0, 2, 1, 3)                   # [NT, H, BT(t), BT(s)]
+        eye = torch.eye(BT, dtype=torch.float64, device=device)
+        # rows and columns past a short chunk's end are 0 in A: the inverse is I there, and the
+        # kernel stores only the chunk's own rows, so those rows drop out in _scatter.
+        inv = torch.linalg.inv(eye + Ac).permute(0, 2, 1, 3)            # [NT, BT, H, BT]
+        inv = inv * mask[:, None, None, :]
+        return {"Ai": _scatter(inv, idx, mask, T)}
+
+    return Case("merge_16x16_to_64x64_inverse_kernel", args, (len(packing.chunks()), H, 1), {"Ai": Ai},
+                reference, T, fill=0.0, extra={"max_abs_A": float(A.abs().max())})
+
+
+def solve_tril(packing: Packing, device: torch.device, gen: torch.Generator, cfg: dict) -> Case:
+    """(I + A)^-1 of the GDN inputs' A (solve_tril.merge_16x16_to_64x64_inverse_kernel)."""
+    return _solve_tril_case(packing, device, _inputs(packing, device, gen))
+
+
+def solve_tril_stress(packing: Packing, device: torch.device, gen: torch.Generator, cfg: dict) -> Case:
+    """The same with beta = 1, g = 0 and keys that all lie close to one direction (A near 1 below the
+    diagonal): the largest operands the merge's products see, for the split's fp16-range limit."""
+    T, Hg, H, K = packing.total, HEADS_K, HEADS_V, HEAD_DIM
+    x = _inputs(packing, device, gen)
+    base = torch.randn(Hg, K, generator=gen, device=device)
+    k = base[None] + 0.05 * torch.randn(T, Hg, K, generator=gen, device=device) * base.norm(dim=-1, keepdim=True)[None] / math.sqrt(K)
+    x["k"] = (k / k.norm(dim=-1, keepdim=True)).half()
+    x["beta"] = torch.ones(T, H, device=device)
+    x["g"] = torch.zeros(T, H, device=device)
+    return _solve_tril_case(packing, device, x)
+
+
 CASES: dict[str, Callable[[Packing, torch.device, torch.Generator, dict], Case]] = {
-    "recompute_w_u": recompute_w_u, "fwd_h": fwd_h, "fwd_o": fwd_o}
+    "recompute_w_u": recompute_w_u, "fwd_h": fwd_h, "fwd_o": fwd_o, "kkt": kkt, "solve_tril": solve_tril}
+# Extra inputs a case's kernel is also checked on (turbo_numeric.py run, one config, one shape).
+STRESS: dict[str, Callable[[Packing, torch.device, torch.Generator, dict], Case]] = {
+    "solve_tril": solve_tril_stress}
 
 
 def launch_args(case: Case, signature: dict[str, str]) -> list[tuple[str, Any]]:
