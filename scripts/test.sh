@@ -10,7 +10,9 @@
 #              vLLM release pins (data/vllm_release_pins.json; 0.21.0's is the full lane's), each in
 #              a venv holding Triton, this project and its test extras only (.venv-triton37, ...; no
 #              torch, no vLLM): the hook's protocol and compile tests, then `caovan-sm75-kernels check`
-#              of _prep_kernel and _state_kernel (every pinned config plain and turbo for sm_75).
+#              of _prep_kernel and _state_kernel (every pinned config plain and turbo for sm_75), and
+#              one recorded passing config of each vLLM FLA GDN variant that ships with that Triton
+#              (tests/test_fla_releases.py, committed copies in tests/data/fla_variants/; about 40 s).
 #              About 4 minutes per Triton on 2 cores, plus its 200-250 MB wheel.
 #   --vllm034  the tests marked vllm034 (our attention backend against a real vLLM 0.34), in
 #              .venv-vllm034 (CAOVAN_TEST_VLLM034_VENV), built if missing: vllm==0.34.0 without
@@ -46,7 +48,7 @@ print(" ".join(sorted({r["triton"] for r in rel.values()} - {rel["0.21.0"]["trit
     # The compile tests run in this process: nothing here has run Triton's interpreter.
     CAOVAN_TURBO_TEST_CHILD=1 "$VENV/bin/python" -m pytest -q -p no:cacheprovider -rs \
       tests/test_kernels_turbo_protocol.py tests/test_kernels_turbo_hook.py tests/test_kernels_turbo_compile.py \
-      tests/test_kernels_attention_fit.py "$@"   # our attention kernel's turbo builds (its check also judges
+      tests/test_fla_releases.py tests/test_kernels_attention_fit.py "$@"   # our attention kernel's turbo builds (its check also judges
     # the plain fallback, which does not fit Turing for the d256 prefill: docs/attention.md, known limits)
     "$VENV/bin/caovan-sm75-kernels" check --kernel _prep_kernel --kernel _state_kernel
   done

@@ -16,7 +16,8 @@ from helpers.turbo_isolation import CHILD_FLAG
 pytestmark = [pytest.mark.triton_compile, pytest.mark.vllm, pytest.mark.timeout(1800)]
 
 TESTS = Path(__file__).resolve().parent
-MODULES = ["test_kernels_turbo_rewrite.py", "test_kernels_turbo_compile.py", "test_kernels_turbo_hook.py", "test_cli_kernels_check.py"]
+MODULES = ["test_kernels_turbo_rewrite.py", "test_kernels_turbo_compile.py", "test_kernels_turbo_hook.py", "test_cli_kernels_check.py",
+           "test_fla_releases.py"]   # the vLLM FLA variants that ship with this Triton (3.6: 0.21-0.26)
 
 
 @pytest.mark.parametrize("module", MODULES)

@@ -61,15 +61,17 @@ NEW_CONSTEXPRS = {"USE_EXP2": False, "CAST_DOT_TO_K_DTYPE": False}
 TURING = {"check_shared_mem": lambda *a, **k: False, "is_nvidia_hopper": False, "is_amd": False,
           "torch": SimpleNamespace(version=SimpleNamespace(hip=None))}
 # How the check compiles the two kernels the allowlist does not list (the other three use their
-# allowlist entry's check): vLLM's dtypes at Qwen3.5/3.6 TP2 shapes (A is fp32 between the two).
+# allowlist entry's check): vLLM's dtypes at Qwen3.5/3.6 TP2 shapes (A is fp32 between the two); their
+# fp32 dots are built as split-fp16 products (the allowlist's fp32_dots "f16x3").
 CHECK = {
     "chunk_scaled_dot_kkt_fwd_kernel": {
         "signature": {"k": "*fp16", "beta": "*fp32", "g": "*fp32", "A": "*fp32", "cu_seqlens": "*i32",
                       "chunk_indices": "*i32", "T": "i32"},
-        "constexprs": {"H": 24, "Hg": 8, "K": 128, "BT": 64, "IS_VARLEN": True, "USE_G": True}},
+        "constexprs": {"H": 24, "Hg": 8, "K": 128, "BT": 64, "IS_VARLEN": True, "USE_G": True}, "fp32_dots": "f16x3"},
     "merge_16x16_to_64x64_inverse_kernel": {
         "signature": {"A": "*fp32", "Ai": "*fp16", "cu_seqlens": "*i32", "chunk_indices": "*i32", "T": "i32"},
-        "constexprs": {"H": 24, "BT": 64, "USE_TMA": False, "IS_VARLEN": True, "DOT_PRECISION": "ieee"}},
+        "constexprs": {"H": 24, "BT": 64, "USE_TMA": False, "IS_VARLEN": True, "DOT_PRECISION": "ieee"},
+        "fp32_dots": "f16x3"},
 }
 # One line per variant, written after reading its diff against 0.21.0 (keyed by digest): the tool
 # refuses a new variant without one, so nobody records a change unread.
@@ -338,7 +340,7 @@ def _verdict(v: dict[str, Any], pin: str) -> str:
     if rows is None:
         return "not checked"
     turbo = [r for r in rows if r["build"] == "turbo"]
-    return f"turbo {sum(r['ok'] for r in turbo)}/{len(turbo)}"
+    return f"{sum(r['ok'] for r in turbo)}/{len(turbo)} pass"
 
 
 def render(data: dict[str, Any]) -> str:
@@ -350,7 +352,7 @@ def render(data: dict[str, Any]) -> str:
         cells = [version, rel["triton"], "`" + next(iter(rel["modules"].values())).rsplit(".", 1)[0] + "`"]
         for kernel in KERNELS:
             v = by_digest[(kernel, rel["digests"][kernel])]
-            cells.append(f"`{v['digest'][:8]}` (from {v['first']}), {_verdict(v, rel['triton'])}")
+            cells.append(f"`{v['digest'][:8]}` ({v['first']}): {_verdict(v, rel['triton'])}")
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "| kernel | releases | Triton pins | digest | standalone copy | what changed against 0.21.0 |",
               "|---|---|---|---|---|---|"]
@@ -378,17 +380,18 @@ def load_variant(v: dict[str, Any]) -> Any:
 
 
 def check_spec(v: dict[str, Any], fn: Any) -> dict[str, Any]:
-    """Signature and constexprs for the check: the allowlist entry's (or CHECK's) plus the variant's new
+    """Signature, constexprs and fp32_dots for the check: the allowlist entry's (or CHECK's), plus the variant's new
     constexprs at the values vLLM's GDN path passes; parameters in the kernel's order."""
     from caovan_vllm_sm75_turbo3.kernels.turbo.allowlist import load_allowlist
 
     entry = next((e for e in load_allowlist().kernels if e.name == v["kernel"] and "signature" in e.check), None)
-    base = dict(entry.check) if entry is not None else CHECK[v["kernel"]]
+    base = {**entry.check, "fp32_dots": entry.fp32_dots} if entry is not None else CHECK[v["kernel"]]
     sig = {p.name: base["signature"].get(p.name, "constexpr") for p in fn.params}
     loose = [p.name for p in fn.params if not p.is_constexpr and p.name not in base["signature"]]
     if loose:
         raise LookupError(f"{v['kernel']}: no check type for {', '.join(loose)}")
-    return {"signature": sig, "constexprs": {**base["constexprs"], **v["constexprs"]}}
+    return {"signature": sig, "constexprs": {**base["constexprs"], **v["constexprs"]},
+            "fp32_dots": base.get("fp32_dots", "")}
 
 
 def check_variant(v: dict[str, Any], configs: list[dict[str, Any]] | None = None) -> list[Any]:
@@ -399,9 +402,10 @@ def check_variant(v: dict[str, Any], configs: list[dict[str, Any]] | None = None
     from caovan_vllm_sm75_turbo3.kernels.turbo.allowlist import KernelEntry
 
     fn = load_variant(v)
+    spec = check_spec(v, fn)
     entry = KernelEntry(name=v["kernel"], modules=(fn.__module__,), source_sha256=(v["digest"],),
                         triton_versions=(triton.__version__,), configs=tuple(configs or v["configs"]),
-                        check=check_spec(v, fn), numeric="")
+                        check=spec, numeric="", fp32_dots=spec["fp32_dots"])
     return check_kernel(ResolvedKernel(entry, fn, fn.__module__, v["digest"]))
 
 
@@ -410,20 +414,22 @@ def shipped_here(data: dict[str, Any], version: str) -> list[dict[str, Any]]:
     return [v for v in data["variants"] if any(pin_matches(p, version) for p in v["tritons"])]
 
 
-def _row(r: Any) -> dict[str, Any]:
+def row_dict(r: Any) -> dict[str, Any]:
+    """A CheckRow as the data file records it."""
     return {k: getattr(r, k) for k in ("config", "build", "shared_bytes", "registers", "spill_bytes", "mma_count",
                                        "fma_count", "ok", "problems")}
 
 
-def run_check(kernels: list[str] | None, record: bool) -> int:
-    """`check`: print one line per build; with `record`, store the rows under this Triton's version."""
+def run_check(kernels: list[str] | None, record: bool, code: str) -> int:
+    """`check`: print one line per build; with `record`, store the rows under this Triton's version and
+    `code` (which commit of this project compiled them) in `checked_with`."""
     import triton
 
     data = load()
     todo = [v for v in shipped_here(data, triton.__version__) if not kernels or v["kernel"] in kernels]
     bad = 0
     for v in todo:
-        rows = [_row(r) for r in check_variant(v)]
+        rows = [row_dict(r) for r in check_variant(v)]
         for r in rows:
             cfg = " ".join(f"{k}={x}" for k, x in r["config"].items())
             print(f"{SHORT[v['kernel']]:<6} {v['first']:<7} {cfg:<28} {r['build']:<6} {r['shared_bytes']!s:>6} "
@@ -433,6 +439,7 @@ def run_check(kernels: list[str] | None, record: bool) -> int:
         if record:
             v["checks"][triton.__version__] = rows
     if record:
+        data.setdefault("checked_with", {})[triton.__version__] = code
         save(data)
     print(f"Triton {triton.__version__}: {len(todo)} variants, {bad} failing builds")
     return 1 if bad else 0
@@ -448,9 +455,11 @@ def main(argv: list[str] | None = None) -> int:
     ck = sub.add_parser("check", help="compile the variants shipped with this Triton for sm_75, plain and turbo")
     ck.add_argument("--kernel", action="append", choices=list(KERNELS), help="only this kernel (repeatable)")
     ck.add_argument("--record", action="store_true", help="store the rows in the data file and the table")
+    ck.add_argument("--code", default="working tree",
+                    help="which commit of this project the check imports (recorded with --record)")
     args = ap.parse_args(argv)
     if args.command == "check":
-        return run_check(args.kernel, args.record)
+        return run_check(args.kernel, args.record, args.code)
     pins = release_pins()
     found = {version: read_release(version, args.wheels, args.cache) for version in pins}
     old = load() if DATA.is_file() else {}
