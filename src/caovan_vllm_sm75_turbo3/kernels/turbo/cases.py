@@ -298,7 +298,8 @@ def solve_tril_stress(packing: Packing, device: torch.device, gen: torch.Generat
     T, Hg, H, K = packing.total, HEADS_K, HEADS_V, HEAD_DIM
     x = _inputs(packing, device, gen)
     base = torch.randn(Hg, K, generator=gen, device=device)
-    k = base[None] + 0.05 * torch.randn(T, Hg, K, generator=gen, device=device) * base.norm(dim=-1, keepdim=True)[None] / math.sqrt(K)
+    noise = torch.randn(T, Hg, K, generator=gen, device=device) * base.norm(dim=-1, keepdim=True) / math.sqrt(K)
+    k = base[None] + 0.05 * noise
     x["k"] = (k / k.norm(dim=-1, keepdim=True)).half()
     x["beta"] = torch.ones(T, H, device=device)
     x["g"] = torch.zeros(T, H, device=device)
