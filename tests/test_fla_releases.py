@@ -105,3 +105,49 @@ def test_variants_shipped_with_this_triton_still_pass_their_recorded_config() ->
         assert all(r.ok for r in rows), json.dumps([fla_releases.row_dict(r) for r in rows])
         compiled += 1
     assert compiled, "no variant has a passing config recorded for this Triton"
+
+
+SYNTHETIC = '''import os
+from vllm.triton_utils import tl, triton
+from .op import exp
+BKV_LIST = [64, 128] if check_shared_mem() else [32, 64]
+SCALE = 2
+RUNTIME = os.environ.get("X", "a")
+
+
+@triton.jit
+def helper(x):
+    return x * SCALE
+
+
+@triton.heuristics({"USE_G": lambda args: args["g"] is not None})
+@triton.autotune(
+    configs=[triton.Config({"BK": BK}, num_warps=w, num_stages=s) for BK in BKV_LIST for w in [2, 4] for s in [2, 3]],
+    key=["K"],
+)
+@triton.jit(do_not_specialize=["T"])
+def kern(x, T, BK: tl.constexpr):
+    y = helper(exp(x))
+    return min(y, T)
+
+
+@triton.jit
+def bad(x):
+    return x + RUNTIME
+'''
+OP = "import triton.language as tl\nif os.environ.get('FLA_USE_FAST_OPS') == '1':\n    exp = 1\nelse:\n    exp = tl.exp\n"
+
+
+def test_turing_configs_evaluate_the_autotune_list_as_a_2080_ti_and_drop_stages() -> None:
+    assert fla_releases.turing_configs(SYNTHETIC, "kern") == [
+        {"BK": 32, "num_warps": 2}, {"BK": 32, "num_warps": 4}, {"BK": 64, "num_warps": 2}, {"BK": 64, "num_warps": 4}]
+
+
+def test_standalone_copy_keeps_the_jit_text_and_copies_what_it_reads() -> None:
+    text = fla_releases.standalone_module(SYNTHETIC, "kern", {"op": OP}, "a test")
+    assert "exp = tl.exp\n" in text and "SCALE = 2\n" in text and "def helper(x):" in text
+    assert "@triton.autotune(" not in text and "@triton.heuristics(" not in text
+    assert text.endswith('@triton.jit(do_not_specialize=["T"])\ndef kern(x, T, BK: tl.constexpr):\n'
+                         "    y = helper(exp(x))\n    return min(y, T)\n")
+    with pytest.raises(LookupError, match="RUNTIME"):
+        fla_releases.standalone_module(SYNTHETIC, "bad", {"op": OP}, "a test")   # a computed global is not copied
