@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from caovan_vllm_sm75_turbo3.errors import CaovanError
 from caovan_vllm_sm75_turbo3.kernels.gdn import GDNInputError, chunk, chunk_gated_delta_rule, gated_delta_rule_reference
-from caovan_vllm_sm75_turbo3.kernels.gdn.configs import CHUNK
+from caovan_vllm_sm75_turbo3.kernels.gdn.configs import CHUNK, STATE, SmBudget, select_state
 from caovan_vllm_sm75_turbo3.kernels.numerics import rel_error  # NaN/inf -> inf, fails <= BUDGET
 
 BUDGET = 5e-3
@@ -197,9 +197,46 @@ def test_launch_plan_reads_no_tensor_values():
     assert plan.state_grid == (128 // plan.state.block_v, 8 * HV)
     programs = plan.state_grid[0] * plan.state_grid[1]
     for sm_count, segments in ((programs, 3), (programs - 1, 1)):  # segments only while the state pass leaves SMs idle
+        budget = SmBudget(sm_count, 1 << 20, 1 << 20)
         plan = chunk.plan_launch(batch=1, tokens=T, value_heads=HV, head_k=128, head_v=128, sequences=8,
-                                 cu_seqlens=cu, chunk_indices=ci, segment_chunks=4, sm_count=sm_count)
+                                 cu_seqlens=cu, chunk_indices=ci, segment_chunks=4, budget=budget)
         assert len(plan.segments) == segments and plan.segments[-1][1] == 11
+
+
+H200 = SmBudget(132, 233472, 65536)
+RTX_2080_TI = SmBudget(68, 65536, 65536)
+
+
+@pytest.mark.parametrize("budget, rows, early", [
+    (H200, 24, True),          # Qwen3.6-27B at TP 2, one sequence: 96 programs, resident at once either way
+    (H200, 8 * 24, True),      # 768 programs: three waves either way, so the preferred config
+    (RTX_2080_TI, 24, False),  # 56 KiB each: one per SM, two waves; 16 KiB: two per SM, one wave
+    (RTX_2080_TI, 12, True),   # TP 4: 48 programs, one wave either way
+    (None, 24, True),          # no card (CPU): the preferred config
+])
+def test_state_config_follows_the_card(budget, rows, early):
+    """The state config is the one whose serial pass runs in the fewest waves on the card."""
+    cfg = select_state(128, 128, rows, budget)
+    assert cfg.early_loads is early and cfg.block_v == 32
+    meta = torch.device("meta")
+    plan = chunk.plan_launch(batch=1, tokens=4096, value_heads=rows, head_k=128, head_v=128, sequences=1,
+                             cu_seqlens=torch.empty(2, dtype=torch.int32, device=meta), chunk_indices=None,
+                             budget=budget)
+    assert plan.state == cfg
+
+
+@pytest.mark.parametrize("lens", [[150, 1, 64, 90], [200]])
+def test_late_loads_equal_early_loads(lens, monkeypatch):
+    """The late-load state config computes the same bits as the early-load one."""
+    q, k, v, g, beta, h0 = _inputs(lens, 1, 1, 2, 64, 128, normalized=True, with_state=True)
+    kw = dict(initial_state=h0, output_final_state=True, cu_seqlens=_cu(lens))
+    late = next(c for c in STATE[(64, 128)] if not c.early_loads)
+    o1, st1 = chunk_gated_delta_rule(q, k, v, g, beta, **kw)
+    assert chunk.plan_launch(batch=1, tokens=sum(lens), value_heads=2, head_k=64, head_v=128, sequences=len(lens),
+                             cu_seqlens=kw["cu_seqlens"], chunk_indices=None).state.early_loads
+    monkeypatch.setattr(chunk, "select_state", lambda *a: late)
+    o2, st2 = chunk_gated_delta_rule(q, k, v, g, beta, **kw)
+    assert torch.equal(o1, o2) and torch.equal(st1, st2)
 
 
 SEGMENT_CASES = [

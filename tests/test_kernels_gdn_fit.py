@@ -17,7 +17,8 @@ import shutil
 import pytest
 
 pytest.importorskip("triton")   # torch is not needed: specs.py imports only the Triton kernels
-from caovan_vllm_sm75_turbo3.kernels.gdn.specs import pinned_specs  # noqa: E402
+from caovan_vllm_sm75_turbo3.kernels.gdn.configs import STATE  # noqa: E402
+from caovan_vllm_sm75_turbo3.kernels.gdn.specs import pinned_specs, state_spec  # noqa: E402
 from helpers.fit import SHARED_LIMIT, assert_turbo_fits, build_in_child  # noqa: E402
 
 pytestmark = [pytest.mark.triton_compile,
@@ -39,6 +40,15 @@ def builds() -> dict:
 @pytest.mark.parametrize("name", [s.name for s in pinned_specs()])
 def test_turbo_build_fits_sm75(builds, name):
     assert_turbo_fits(name, builds[name])
+
+
+@pytest.mark.parametrize("cfg_key", [(k, v, cfg) for (k, v), cfgs in STATE.items() for cfg in cfgs],
+                         ids=lambda c: state_spec(*c).name)
+def test_pinned_state_shared_bytes_match_the_build(builds, cfg_key):
+    """The launcher counts state programs per SM from the pinned shared bytes: they must be the build's."""
+    info = builds[state_spec(*cfg_key).name]
+    assert "error" not in info, info.get("error")
+    assert info["shared_bytes"] == cfg_key[2].shared_bytes
 
 
 def test_plain_build_compiles_within_shared_memory(builds):

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from .configs import CHUNK, L2NORM_EPS, SEGMENT_CHUNKS, PrepConfig, StateConfig, select
+from .configs import CHUNK, L2NORM_EPS, PREP, SEGMENT_CHUNKS, PrepConfig, SmBudget, StateConfig, select_state
 from .inputs import check_inputs
 from .triton_kernels import _prep_kernel, _state_kernel
 
@@ -79,15 +79,18 @@ class LaunchPlan:
 
 def plan_launch(*, batch: int, tokens: int, value_heads: int, head_k: int, head_v: int, sequences: int,
                 cu_seqlens: torch.Tensor | None, chunk_indices: torch.Tensor | None,
-                segment_chunks: int = SEGMENT_CHUNKS, sm_count: int | None = None) -> LaunchPlan:
-    """The launch for these shapes. Reads tensor shapes only, never values (no host sync).
+                segment_chunks: int = SEGMENT_CHUNKS, budget: SmBudget | None = None) -> LaunchPlan:
+    """The launch for these shapes on a card with this SM `budget` (None, as on the CPU: no
+    limits). Reads tensor shapes only, never values (no host sync).
 
-    The chunks are split into segments only when the state pass has at most one program per
-    SM (`sm_count`; None, as on the CPU, sets no such limit): then SMs are idle that the next
-    segment's prep can use. With more state programs the GPU is already full, and segments only
-    add launches (measured: benchmarks/RESULTS.md).
+    The state config is the one whose serial pass runs in the fewest waves on the card
+    (configs.select_state). The chunks are split into segments only when the state pass has at
+    most one program per SM: then SMs are idle that the next segment's prep can use. With more
+    state programs the GPU is already full, and segments only add launches (measured:
+    benchmarks/RESULTS.md).
     """
-    prep_cfg, state_cfg = select(head_k, head_v)
+    prep_cfg = PREP[(head_k, head_v)]
+    state_cfg = select_state(head_k, head_v, sequences * value_heads, budget)
     if cu_seqlens is None:
         n_chunks = batch * triton.cdiv(tokens, CHUNK)
     elif chunk_indices is not None:
@@ -95,10 +98,18 @@ def plan_launch(*, batch: int, tokens: int, value_heads: int, head_k: int, head_
     else:
         n_chunks = triton.cdiv(tokens, CHUNK) + sequences  # sum(ceil(len_i / BT)) <= T / BT + N
     state_grid = (head_v // state_cfg.block_v, sequences * value_heads)
-    if sm_count is not None and state_grid[0] * state_grid[1] > sm_count:
+    if budget is not None and state_grid[0] * state_grid[1] > budget.sm_count:
         segment_chunks = max(n_chunks, 1)
     segments = tuple((lo, min(lo + segment_chunks, n_chunks)) for lo in range(0, n_chunks, segment_chunks))
     return LaunchPlan(prep_cfg, state_cfg, n_chunks, segments, state_grid)
+
+
+def sm_budget(device: torch.device) -> SmBudget | None:
+    """The SM count, shared memory and registers per SM of a CUDA device (None elsewhere)."""
+    if device.type != "cuda":
+        return None
+    p = torch.cuda.get_device_properties(device)
+    return SmBudget(p.multi_processor_count, p.shared_memory_per_multiprocessor, p.regs_per_multiprocessor)
 
 
 def run_segments(plan: LaunchPlan, device: torch.device, prep: Callable[[tuple[int, int]], None],
@@ -164,9 +175,8 @@ def chunk_gated_delta_rule(
     s = check_inputs(q, k, v, g, beta, initial_state, cu_seqlens, chunk_indices, core_attn_out)
     B, T, H, HV, K, V, N = s.batch, s.tokens, s.key_heads, s.value_heads, s.head_k, s.head_v, s.sequences
     dev = q.device
-    sm_count = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else None
     plan = plan_launch(batch=B, tokens=T, value_heads=HV, head_k=K, head_v=V, sequences=N, cu_seqlens=cu_seqlens,
-                       chunk_indices=chunk_indices, segment_chunks=SEGMENT_CHUNKS, sm_count=sm_count)
+                       chunk_indices=chunk_indices, segment_chunks=SEGMENT_CHUNKS, budget=sm_budget(dev))
     if scale is None:
         scale = K**-0.5
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
@@ -212,7 +222,7 @@ def chunk_gated_delta_rule(
             w, u, qd, kd, g, o, initial_state, final_state, carry, cu_seqlens, T, seg[0], seg[1], plan.n_chunks,
             HV=HV, K=K, V=V, BT=CHUNK, BV=plan.state.block_v, IS_VARLEN=is_varlen,
             USE_INITIAL_STATE=initial_state is not None, STORE_FINAL_STATE=final_state is not None,
-            num_warps=plan.state.num_warps, num_stages=1,
+            EARLY_LOADS=plan.state.early_loads, num_warps=plan.state.num_warps, num_stages=1,
         )
 
     run_segments(plan, dev, prep, state)

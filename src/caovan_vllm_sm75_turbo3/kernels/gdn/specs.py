@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..turbo.compile import jit_function
 from ..turbo.spec import KernelSpec
-from .configs import CHUNK, L2NORM_EPS, PREP, STATE
+from .configs import CHUNK, L2NORM_EPS, PREP, STATE, StateConfig
 from .triton_kernels import _prep_kernel, _state_kernel
 
 # Qwen3.6-27B at tensor parallel 2: 8 key heads, 24 value heads per GPU. H and HV only set
@@ -34,16 +34,16 @@ def prep_spec(head_k: int, head_v: int, *, l2norm: bool, chunk_indices: bool) ->
     return KernelSpec(name, jit_function(_prep_kernel), sig, cx, cfg.num_warps)
 
 
-def state_spec(head_k: int, head_v: int) -> KernelSpec:
-    """The state kernel for packed sequences with initial and final state."""
-    cfg = STATE[(head_k, head_v)]
+def state_spec(head_k: int, head_v: int, cfg: StateConfig) -> KernelSpec:
+    """The state kernel in config `cfg` for packed sequences with initial and final state."""
     sig = {n: "*fp16" for n in ("w", "u", "qd", "kd")}
     sig |= {"g": "*fp32", "o": "*fp16", "h0": "*fp32", "ht": "*fp32", "carry": "*fp32", "cu_seqlens": "*i32"}
     sig |= {"T": "i32", "f_lo": "i32", "f_hi": "i32", "f_all": "i32"}
     cx = {"HV": SPEC_HEADS[1], "K": head_k, "V": head_v, "BT": CHUNK, "BV": cfg.block_v, "IS_VARLEN": True,
-          "USE_INITIAL_STATE": True, "STORE_FINAL_STATE": True}
+          "USE_INITIAL_STATE": True, "STORE_FINAL_STATE": True, "EARLY_LOADS": cfg.early_loads}
     sig |= {n: "constexpr" for n in cx}
-    return KernelSpec(f"gdn_state_k{head_k}_v{head_v}_bv{cfg.block_v}", jit_function(_state_kernel), sig, cx, cfg.num_warps)
+    name = f"gdn_state_k{head_k}_v{head_v}_bv{cfg.block_v}_w{cfg.num_warps}{'' if cfg.early_loads else '_late'}"
+    return KernelSpec(name, jit_function(_state_kernel), sig, cx, cfg.num_warps)
 
 
 def pinned_specs() -> list[KernelSpec]:
@@ -52,6 +52,6 @@ def pinned_specs() -> list[KernelSpec]:
     for head_k, head_v in PREP:
         specs.append(prep_spec(head_k, head_v, l2norm=False, chunk_indices=True))
         specs.append(prep_spec(head_k, head_v, l2norm=True, chunk_indices=False))
-    for head_k, head_v in STATE:
-        specs.append(state_spec(head_k, head_v))
+    for (head_k, head_v), cfgs in STATE.items():
+        specs += [state_spec(head_k, head_v, cfg) for cfg in cfgs]
     return specs

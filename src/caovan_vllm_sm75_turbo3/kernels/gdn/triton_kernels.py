@@ -189,6 +189,7 @@ def _state_kernel(
     T, f_lo, f_hi, f_all,  # this launch's segment: the chunks of flat index f_lo <= f < f_hi of f_all
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
     IS_VARLEN: tl.constexpr, USE_INITIAL_STATE: tl.constexpr, STORE_FINAL_STATE: tl.constexpr,
+    EARLY_LOADS: tl.constexpr,
 ):
     i_v = tl.program_id(0)
     i_nh = tl.program_id(1)
@@ -248,39 +249,74 @@ def _state_kernel(
     p_u = tl.make_block_ptr(ub, (seq, V), (HV * V, 1), (t_lo, i_v * BV), (BT, BV), (1, 0))
     p_o = tl.make_block_ptr(ob, (seq, V), (HV * V, 1), (t_lo, i_v * BV), (BT, BV), (1, 0))
     p_g = tl.make_block_ptr(gb, (seq,), (HV,), (t_lo,), (BT,), (0,))
-    for c in range(c_lo, c_hi):
-        b_w1 = tl.load(p_w, boundary_check=(0,))
-        b_u = tl.load(p_u, boundary_check=(0,))
-        b_gc = tl.load(p_g, boundary_check=(0,))
-        b_k1 = tl.load(p_kt, boundary_check=(1,))
-        if K > 64:
-            b_w2 = tl.load(tl.advance(p_w, (0, 64)), boundary_check=(0,))
-            b_k2 = tl.load(tl.advance(p_kt, (64, 0)), boundary_check=(1,))
-        b_q1 = tl.load(p_q, boundary_check=(0,))
-        if K > 64:
-            b_q2 = tl.load(tl.advance(p_q, (0, 64)), boundary_check=(0,))
-        b_o = tl.load(p_o, boundary_check=(0,))
-        p_out = p_o
-        p_w = tl.advance(p_w, (BT, 0))
-        p_q = tl.advance(p_q, (BT, 0))
-        p_kt = tl.advance(p_kt, (0, BT))
-        p_u = tl.advance(p_u, (BT, 0))
-        p_o = tl.advance(p_o, (BT, 0))
-        p_g = tl.advance(p_g, (BT,))
+    if EARLY_LOADS:
+        for c in range(c_lo, c_hi):
+            b_w1 = tl.load(p_w, boundary_check=(0,))
+            b_u = tl.load(p_u, boundary_check=(0,))
+            b_gc = tl.load(p_g, boundary_check=(0,))
+            b_k1 = tl.load(p_kt, boundary_check=(1,))
+            if K > 64:
+                b_w2 = tl.load(tl.advance(p_w, (0, 64)), boundary_check=(0,))
+                b_k2 = tl.load(tl.advance(p_kt, (64, 0)), boundary_check=(1,))
+            b_q1 = tl.load(p_q, boundary_check=(0,))
+            if K > 64:
+                b_q2 = tl.load(tl.advance(p_q, (0, 64)), boundary_check=(0,))
+            b_o = tl.load(p_o, boundary_check=(0,))
+            p_out = p_o
+            p_w = tl.advance(p_w, (BT, 0))
+            p_q = tl.advance(p_q, (BT, 0))
+            p_kt = tl.advance(p_kt, (0, BT))
+            p_u = tl.advance(p_u, (BT, 0))
+            p_o = tl.advance(p_o, (BT, 0))
+            p_g = tl.advance(p_g, (BT,))
 
-        b_s16 = b_s1.to(tl.float16)
-        b_delta = b_u.to(tl.float32) - tl.dot(b_w1, b_s16)
-        b_out = b_o.to(tl.float32) + tl.dot(b_q1, b_s16)
-        if K > 64:
-            b_s16 = b_s2.to(tl.float16)
-            b_delta -= tl.dot(b_w2, b_s16)
-            b_out += tl.dot(b_q2, b_s16)
-        tl.store(p_out, b_out.to(o.dtype.element_ty), boundary_check=(0,))
-        decay = tl.exp(tl.sum(b_gc, 0))
-        b_d16 = b_delta.to(tl.float16)
-        b_s1 = b_s1 * decay + tl.dot(b_k1, b_d16)
-        if K > 64:
-            b_s2 = b_s2 * decay + tl.dot(b_k2, b_d16)
+            b_s16 = b_s1.to(tl.float16)
+            b_delta = b_u.to(tl.float32) - tl.dot(b_w1, b_s16)
+            b_out = b_o.to(tl.float32) + tl.dot(b_q1, b_s16)
+            if K > 64:
+                b_s16 = b_s2.to(tl.float16)
+                b_delta -= tl.dot(b_w2, b_s16)
+                b_out += tl.dot(b_q2, b_s16)
+            tl.store(p_out, b_out.to(o.dtype.element_ty), boundary_check=(0,))
+            decay = tl.exp(tl.sum(b_gc, 0))
+            b_d16 = b_delta.to(tl.float16)
+            b_s1 = b_s1 * decay + tl.dot(b_k1, b_d16)
+            if K > 64:
+                b_s2 = b_s2 * decay + tl.dot(b_k2, b_d16)
+    else:
+        # Each operand fetched right before its product: one [64, 64] tile (8 KiB) is staged in
+        # shared memory at a time, 16 KiB in all instead of 56, so two programs share a Turing SM
+        # (64 KiB) and hide each other's load latency (configs.select_state says when).
+        for c in range(c_lo, c_hi):
+            b_u = tl.load(p_u, boundary_check=(0,))
+            b_gc = tl.load(p_g, boundary_check=(0,))
+            b_w1 = tl.load(p_w, boundary_check=(0,))
+            b_s16a = b_s1.to(tl.float16)
+            b_delta = b_u.to(tl.float32) - tl.dot(b_w1, b_s16a)
+            if K > 64:
+                b_s16b = b_s2.to(tl.float16)
+                b_w2 = tl.load(tl.advance(p_w, (0, 64)), boundary_check=(0,))
+                b_delta -= tl.dot(b_w2, b_s16b)
+            b_d16 = b_delta.to(tl.float16)
+            decay = tl.exp(tl.sum(b_gc, 0))
+            b_o = tl.load(p_o, boundary_check=(0,))
+            b_q1 = tl.load(p_q, boundary_check=(0,))
+            b_out = b_o.to(tl.float32) + tl.dot(b_q1, b_s16a)
+            if K > 64:
+                b_q2 = tl.load(tl.advance(p_q, (0, 64)), boundary_check=(0,))
+                b_out += tl.dot(b_q2, b_s16b)
+            tl.store(p_o, b_out.to(o.dtype.element_ty), boundary_check=(0,))
+            b_k1 = tl.load(p_kt, boundary_check=(1,))
+            b_s1 = b_s1 * decay + tl.dot(b_k1, b_d16)
+            if K > 64:
+                b_k2 = tl.load(tl.advance(p_kt, (64, 0)), boundary_check=(1,))
+                b_s2 = b_s2 * decay + tl.dot(b_k2, b_d16)
+            p_w = tl.advance(p_w, (BT, 0))
+            p_q = tl.advance(p_q, (BT, 0))
+            p_kt = tl.advance(p_kt, (0, BT))
+            p_u = tl.advance(p_u, (BT, 0))
+            p_o = tl.advance(p_o, (BT, 0))
+            p_g = tl.advance(p_g, (BT,))
 
     # The last segment of the sequence writes the final state; an earlier one, the carry.
     if c_hi < n_c:
