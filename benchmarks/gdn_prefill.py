@@ -24,6 +24,21 @@ packed through cu_seqlens with initial and final state, as vLLM calls it):
   fla-chunk        fla-core's chunk_gated_delta_rule (native, autotuned, V-first state)
   fla-recurrent    fla-core's fused_recurrent_gated_delta_rule (token-serial)
 and checks each output and final state against the float64 token-serial reference at full size.
+`--rows ...,ours-sm75-turbo-each-state` adds a row per candidate state config (configs.STATE), forced.
+
+`--turing-proxy` (or `--sms N --shared-per-sm BYTES`) runs every row inside a CUDA green context
+of 68 SMs (an RTX 2080 Ti's count), made current before any module loads, with its stream as
+torch's; our CuPy launches ask for enough dynamic shared memory that as many of our programs share
+an SM as would share a Turing SM of 64 KiB (state early loads: 1, late loads: 2 (registers),
+prep: 2), and the plan is made for 68 SMs of 64 KiB. The JSON's "proxy" records what was in
+effect: distinct SMs reached through CuPy (current and high-priority stream) and Triton (green
+contexts hand out SMs in groups: on an H200, asking for 68 gives 72), and our builds' programs
+per SM at real and proxy shared memory (the driver's occupancy query). It shows SM count, our
+programs' co-residency and waves. It cannot show Turing's tensor-core rate, clocks, 616 GB/s
+memory or 5.5 MB L2 (it keeps the H200's), and fla-core is not what runs on Turing: there vLLM's
+FLA copy runs through Turbo, while the proxy runs fla-core's native Hopper build, whose Triton
+launches get the 72 SMs but not the shared-memory cap (nothing here caps another launcher's
+shared memory; the carveout attribute is only a hint), so fla keeps Hopper's co-residency.
 FLOP/s count the chunked algorithm's matrix products (the same count for every row); bytes/s
 count compulsory traffic (q, k, v, g, beta in; o out; state in and out). Ceilings are measured
 in the same run: a device-to-device copy and a cuBLAS fp16 matmul.
@@ -32,6 +47,7 @@ in the same run: a device-to-device copy and a cuBLAS fp16 matmul.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -50,9 +66,10 @@ CASES: dict[str, list[int]] = {
 
 
 def _needed_specs():
+    from caovan_vllm_sm75_turbo3.kernels.gdn.configs import STATE
     from caovan_vllm_sm75_turbo3.kernels.gdn.specs import prep_spec, state_spec
 
-    return [prep_spec(D, D, l2norm=False, chunk_indices=True), state_spec(D, D)]
+    return [prep_spec(D, D, l2norm=False, chunk_indices=True)] + [state_spec(D, D, c) for c in STATE[(D, D)]]
 
 
 def build(out: Path) -> None:
@@ -126,37 +143,44 @@ def _time(fn, budget_s: float = 0.4) -> float:
 class _Sm75:
     """Launches our kernels' sm_75 PTX (turbo or plain) through CuPy and the driver JIT."""
 
-    def __init__(self, ptx_dir: Path, build: str):
+    def __init__(self, ptx_dir: Path, build: str, budget, proxy: dict | None):
         import cupy as cp
 
         self.meta = json.loads((ptx_dir / "meta.json").read_text())
         self.build = build
+        self.budget = budget  # the card's SmBudget, or the proxy's
         self.fns = {}
         for spec in _needed_specs():
-            m = self.meta[f"{spec.name}-{build}"]
+            m = dict(self.meta[f"{spec.name}-{build}"])
+            # Loaded here, so in the green context when the proxy is on (a module belongs to the
+            # context current at its load).
             fn = cp.RawModule(path=str(ptx_dir / f"{spec.name}-{build}.ptx")).get_function(m["entry"])
-            if m["shared"] > 48 * 1024:  # above 48 KiB a launch needs the opt-in, as Triton's launcher does
-                fn.max_dynamic_shared_size_bytes = m["shared"]
+            if proxy is not None:  # ask for as much of the SM as the build would take of a Turing SM
+                m["launch_shared"] = _proxy_shared(m["shared"], proxy)
+            m.setdefault("launch_shared", m["shared"])
+            if m["launch_shared"] > 48 * 1024:  # above 48 KiB a launch needs the opt-in, as Triton's launcher does
+                fn.max_dynamic_shared_size_bytes = m["launch_shared"]
             self.fns[spec.name] = (fn, m)
 
-    def segments(self, q, cu, ci) -> int:
-        """How many segments the product's plan makes of this call on this GPU."""
-        return len(self._plan(q, cu, ci, None).segments)
+    def segments(self, q, cu, ci, state_cfg=None) -> int:
+        """How many segments the product's plan makes of this call on this GPU (or the proxy)."""
+        return len(self._plan(q, cu, ci, None, state_cfg).segments)
 
-    def _plan(self, q, cu, ci, segment_chunks):
-        import torch
+    def _plan(self, q, cu, ci, segment_chunks, state_cfg):
+        from caovan_vllm_sm75_turbo3.kernels.gdn import chunk
 
-        from caovan_vllm_sm75_turbo3.kernels.gdn.chunk import SEGMENT_CHUNKS, plan_launch
+        plan = chunk.plan_launch(batch=1, tokens=q.shape[1], value_heads=HV, head_k=D, head_v=D,
+                                 sequences=cu.numel() - 1, cu_seqlens=cu, chunk_indices=ci,
+                                 segment_chunks=segment_chunks or chunk.SEGMENT_CHUNKS, budget=self.budget)
+        # Every candidate has the same value slices, so a forced one keeps the plan's grid and segments.
+        return plan if state_cfg is None else dataclasses.replace(plan, state=state_cfg)
 
-        return plan_launch(batch=1, tokens=q.shape[1], value_heads=HV, head_k=D, head_v=D, sequences=cu.numel() - 1,
-                           cu_seqlens=cu, chunk_indices=ci, segment_chunks=segment_chunks or SEGMENT_CHUNKS,
-                           sm_count=torch.cuda.get_device_properties(q.device).multi_processor_count)
-
-    def __call__(self, q, k, v, g, beta, h0, cu, ci, *, parts: str = "both", bufs=None, segment_chunks=None):
+    def __call__(self, q, k, v, g, beta, h0, cu, ci, *, parts: str = "both", bufs=None, segment_chunks=None,
+                 state_cfg=None):
         """Run prep and/or state on buffers `bufs` (made when None); returns (o, final_state, bufs).
 
         Segments and streams as the product launches them (chunk.run_segments); `segment_chunks`
-        overrides the pinned segment length."""
+        overrides the pinned segment length, `state_cfg` the plan's state config."""
         import cupy as cp
         import numpy as np
         import torch
@@ -165,7 +189,7 @@ class _Sm75:
         from caovan_vllm_sm75_turbo3.kernels.gdn.specs import state_spec
 
         T, N = q.shape[1], cu.numel() - 1
-        plan = self._plan(q, cu, ci, segment_chunks)
+        plan = self._plan(q, cu, ci, segment_chunks, state_cfg)
         if bufs is None:
             bufs = [torch.empty(1, T, HV, D, dtype=torch.float16, device=q.device) for _ in range(5)]
             bufs.append(torch.empty(N, HV, D, D, dtype=torch.float32, device=q.device))
@@ -185,13 +209,13 @@ class _Sm75:
             fn(plan.prep_grid(seg, HV), (m["num_warps"] * 32,),
                (ptr(q), ptr(k), ptr(v), ptr(g), ptr(beta), ptr(w), ptr(u), ptr(qd), ptr(kd), ptr(o), ptr(cu),
                 ptr(ci), np.int32(T), np.int32(N), np.int32(seg[0]), np.float32(D ** -0.5)) + zero,
-               shared_mem=m["shared"], stream=stream())
+               shared_mem=m["launch_shared"], stream=stream())
 
         def state(seg):
-            fn, m = self.fns[state_spec(D, D).name]
+            fn, m = self.fns[state_spec(D, D, plan.state).name]
             fn(plan.state_grid, (m["num_warps"] * 32,),
                (ptr(w), ptr(u), ptr(qd), ptr(kd), ptr(g), ptr(o), ptr(h0), ptr(ht), ptr(ht), ptr(cu), np.int32(T),
-                np.int32(seg[0]), np.int32(seg[1]), np.int32(plan.n_chunks)) + zero, shared_mem=m["shared"],
+                np.int32(seg[0]), np.int32(seg[1]), np.int32(plan.n_chunks)) + zero, shared_mem=m["launch_shared"],
                stream=stream())
 
         if parts == "prep":
@@ -215,10 +239,124 @@ def _ceilings() -> dict[str, float]:
     return {"copy_GBps": 2 * 2**30 / ms / 1e6, "fp16_matmul_TFLOPs": 2 * 8192**3 / ms_mm / 1e9}
 
 
-ROWS = ("ours-sm75-turbo", "ours-sm75-plain", "ours-native", "fla-chunk", "fla-recurrent")
+EACH_STATE_CONFIG = "ours-sm75-turbo-each-state"  # a row per candidate state config, forced
+ROWS = ("ours-sm75-turbo", "ours-sm75-plain", "ours-native", "fla-chunk", "fla-recurrent", EACH_STATE_CONFIG)
 # ours-native only on request: chunk_gated_delta_rule refuses sm_90+ (Triton 3.6's wgmma build of
 # the state kernel gives wrong results there, benchmarks/RESULTS.md), so the row reports that refusal.
-DEFAULT_ROWS = tuple(r for r in ROWS if r != "ours-native")
+DEFAULT_ROWS = tuple(r for r in ROWS if r not in ("ours-native", EACH_STATE_CONFIG))
+TURING_PROXY = (68, 65536)  # an RTX 2080 Ti: 68 SMs, 64 KiB of shared memory per SM
+
+# Reads %smid in every block after spinning a while, so that many blocks reach every SM the
+# launch may use. Plain PTX: no compiler needed where it runs.
+_SMID_PTX = """.version 7.0
+.target sm_75
+.address_size 64
+.visible .entry smid(.param .u64 out, .param .u64 spin)
+{
+ .reg .u32 %r<4>; .reg .u64 %rd<8>; .reg .pred %p<2>;
+ ld.param.u64 %rd1, [out]; ld.param.u64 %rd2, [spin]; cvta.to.global.u64 %rd1, %rd1;
+ mov.u32 %r1, %smid; mov.u64 %rd3, %clock64;
+WAIT:
+ mov.u64 %rd4, %clock64; sub.s64 %rd5, %rd4, %rd3; setp.lt.s64 %p1, %rd5, %rd2; @%p1 bra WAIT;
+ mov.u32 %r2, %ctaid.x; mul.wide.u32 %rd6, %r2, 4; add.s64 %rd7, %rd1, %rd6; st.global.u32 [%rd7], %r1;
+ ret;
+}
+"""
+
+
+def _proxy_shared(shared: int, proxy: dict) -> int:
+    """Dynamic shared memory to ask for on this card so that as many programs of a build share an
+    SM as would share a Turing-shaped one (which holds shared_per_sm // shared of them)."""
+    per_sm = max(1, proxy["shared_per_sm"] // max(shared, 1))
+    return min(proxy["card_shared_per_sm"] // per_sm - proxy["reserved_shared_per_block"],
+               proxy["card_shared_per_block_optin"])
+
+
+def _enter_proxy(sms: int, shared_per_sm: int) -> tuple[object, dict]:
+    """Make a green context of `sms` SMs current, with its stream as torch's current stream.
+
+    Returns the context (keep it alive) and the facts of the proxy."""
+    import cupy as cp
+    import torch
+    from torch.cuda.green_contexts import GreenContext
+
+    torch.cuda.init()
+    props = torch.cuda.get_device_properties(0)
+    try:
+        reserved = cp.cuda.runtime.deviceGetAttribute(111, 0)  # cudaDevAttrReservedSharedMemoryPerBlock
+    except Exception:
+        reserved = 1024
+    ctx = GreenContext.create(sms, 0)
+    ctx.set_context()
+    try:
+        s = ctx.Stream()
+        if not isinstance(s, torch.cuda.Stream):
+            s = torch.cuda.Stream(stream_id=s.stream_id, device_index=s.device_index, device_type=s.device_type)
+        torch.cuda.set_stream(s)
+        how = "the green context's stream"
+    except Exception as err:
+        how = f"the green context's default stream (Stream(): {err!r:.120})"
+    proxy = {"sms_asked": sms, "shared_per_sm": shared_per_sm, "card_sms": props.multi_processor_count,
+             "card_shared_per_sm": props.shared_memory_per_multiprocessor,
+             "card_shared_per_block_optin": props.shared_memory_per_block_optin,
+             "reserved_shared_per_block": reserved, "stream": how}
+    return ctx, proxy
+
+
+def _check_proxy(ours) -> dict:
+    """What the proxy really gives: distinct SMs reached by launches through CuPy on the current
+    stream and on a new high-priority stream (as run_segments makes), and through Triton (fla's
+    path); per build of ours, programs per SM with its real and its proxy shared memory."""
+    import tempfile
+
+    import cupy as cp
+    import numpy as np
+    import torch
+
+    facts: dict = {}
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+        f.write(_SMID_PTX)
+        f.flush()
+        fn = cp.RawModule(path=f.name).get_function("smid")
+    for label, stream in (("cupy_current_stream", torch.cuda.current_stream()),
+                          ("cupy_priority_stream", torch.cuda.Stream(priority=-1))):
+        buf = torch.full((16384,), -1, dtype=torch.int32, device="cuda")
+        torch.cuda.synchronize()
+        fn((16384,), (64,), (np.uint64(buf.data_ptr()), np.int64(20000)), stream=cp.cuda.ExternalStream(stream.cuda_stream))
+        torch.cuda.synchronize()
+        facts[f"sms_{label}"] = len(set(buf.tolist()) - {-1})
+    try:
+        facts["sms_triton"] = _triton_sms()
+    except Exception as err:
+        facts["sms_triton"] = f"not measured: {err!r:.200}"
+    for name, (kfn, m) in (ours.fns.items() if ours is not None else ()):
+        try:
+            ptr = kfn.kernel.ptr  # the RawKernel's CUfunction
+            occ = [cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(ptr, m["num_warps"] * 32, b)
+                   for b in (m["shared"], m["launch_shared"])]
+        except Exception as err:
+            occ = f"not measured: {err!r:.120}"
+        facts[f"programs_per_sm {name}"] = {"shared": m["shared"], "launch_shared": m["launch_shared"],
+                                            "card_at_real_vs_proxy_shared": occ}
+    return facts
+
+
+def _triton_sms() -> int:
+    """Distinct SMs that a Triton launch of many tiny programs reaches on the current stream."""
+    import torch
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def smid_kernel(out):
+        pid = tl.program_id(0)
+        s = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [pid], dtype=tl.int32, is_pure=False, pack=1)
+        tl.store(out + pid, s)
+
+    buf = torch.full((1 << 18,), -1, dtype=torch.int32, device="cuda")
+    smid_kernel[(buf.numel(),)](buf)
+    torch.cuda.synchronize()
+    return len(set(buf.tolist()) - {-1})
 
 
 REPEATED_ROWS = ("ours-sm75-turbo", "fla-chunk")  # the pair the issue's targets compare
@@ -246,95 +384,147 @@ def run_fresh(argv: list[str], cases: tuple[str, ...], json_out: Path | None) ->
 
 
 def run(ptx_dir: Path, json_out: Path | None, rows_wanted: tuple[str, ...] = ROWS, repeats: int = 1,
-        cases: tuple[str, ...] = tuple(CASES)) -> None:
+        cases: tuple[str, ...] = tuple(CASES), proxy_shape: tuple[int, int] | None = None) -> None:
+    """Time and check every wanted row of every case; with `proxy_shape` (SMs, shared bytes per
+    SM) inside the Turing-shaped proxy."""
     import torch
-    import torch.nn.functional as F
 
-    from caovan_vllm_sm75_turbo3.kernels.gdn import chunk_gated_delta_rule, gated_delta_rule_reference
-    from caovan_vllm_sm75_turbo3.kernels.numerics import rel_error
+    from caovan_vllm_sm75_turbo3.kernels.gdn.chunk import sm_budget
+    from caovan_vllm_sm75_turbo3.kernels.gdn.configs import SmBudget
 
-    dev = torch.device("cuda")
     report: dict = {"card": torch.cuda.get_device_name(0), "date": time.strftime("%Y-%m-%d"), "cases": {}}
+    proxy = keep = None
+    budget = sm_budget(torch.device("cuda"))
+    if proxy_shape is not None:  # before anything loads a module or makes a stream: all of it in the green context
+        keep, proxy = _enter_proxy(*proxy_shape)
+        budget = SmBudget(proxy_shape[0], proxy_shape[1], budget.regs_per_sm)
     report["ceilings"] = _ceilings()
     print(report["card"], report["ceilings"], flush=True)
     impls = {}
     for build in ("turbo", "plain"):
         try:
-            impls[f"ours-sm75-{build}"] = _Sm75(ptx_dir, build)
+            impls[f"ours-sm75-{build}"] = _Sm75(ptx_dir, build, budget, proxy)
         except Exception as err:  # report and carry on with the other rows
             print(f"ours-sm75-{build}: cannot load: {err!r}", flush=True)
+    if proxy is not None:
+        proxy |= _check_proxy(impls.get("ours-sm75-turbo"))
+        report["proxy"] = proxy
+        print("proxy", json.dumps(proxy), flush=True)
     try:
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
         from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fla_rec
         from fla.ops.utils.index import prepare_chunk_indices as fla_ci
+        fla = (fla_chunk, fla_rec, fla_ci)
     except Exception as err:
         print(f"fla: cannot import: {err!r}", flush=True)
-        fla_chunk = fla_rec = None
-
+        fla = None
     for case, lens in CASES.items():
-        if case not in cases:
-            continue
-        torch.manual_seed(0)
-        T, N = sum(lens), len(lens)
-        q = F.normalize(torch.randn(1, T, H, D, device=dev), dim=-1).half()
-        k = F.normalize(torch.randn(1, T, H, D, device=dev), dim=-1).half()
-        v = torch.randn(1, T, HV, D, device=dev).half()
-        g = F.logsigmoid(torch.randn(1, T, HV, device=dev) + 3.0)
-        beta = torch.rand(1, T, HV, device=dev)
-        h0 = torch.randn(N, HV, D, D, device=dev) * 0.1
-        cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=dev)
-        ci = _chunk_indices(lens).to(dev)
-        ro, rs = gated_delta_rule_reference(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu)
-        calls = {}
-        for name, impl in impls.items():
-            calls[name] = lambda impl=impl: impl(q, k, v, g, beta, h0, cu, ci)[:2]
-        calls["ours-native"] = lambda: chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
-                                                              cu_seqlens=cu, chunk_indices=ci)
-        if fla_chunk is not None:
-            cu64, cu_cpu = cu.long(), cu.long().cpu()
-            fci = fla_ci(cu64, 64)
-            calls["fla-chunk"] = lambda: fla_chunk(q, k, v, g, beta, scale=D ** -0.5, initial_state=h0,
-                                                   output_final_state=True, state_v_first=True, cu_seqlens=cu64,
-                                                   cu_seqlens_cpu=cu_cpu, chunk_indices=fci)
-            calls["fla-recurrent"] = lambda: fla_rec(q, k, v, g=g, beta=beta, scale=D ** -0.5, initial_state=h0,
-                                                     output_final_state=True, state_v_first=True, cu_seqlens=cu64)
-        rows = {}
-        for name, call in calls.items():
-            if name not in rows_wanted:
-                continue
-            try:
-                o, st = call()
-                torch.cuda.synchronize()
-                nan = bool(torch.isnan(o).any() or torch.isnan(st).any())
-                err_o, err_s = rel_error(o, ro), rel_error(st, rs)  # inf when NaN/inf is in the output
-                rows[name] = {"rel_err_o": err_o, "rel_err_state": err_s, "nan": nan, **_rates(lens, _time(call))}
-            except Exception as err:
-                rows[name] = {"error": repr(err)[:300]}
-            print(case, name, rows[name], flush=True)
-        # Repeats interleave ours and fla-chunk, so a drift of the card's speed hits both alike;
-        # each row then reports the median of its repeats and keeps them all.
-        timed = [name for name in REPEATED_ROWS if repeats > 1 and "ms" in rows.get(name, {})]
-        runs = {name: [rows[name]["ms"]] for name in timed}
-        for _ in range(repeats - 1):
-            for name in timed:
-                runs[name].append(_time(calls[name]))
-        for name in timed:
-            rows[name] |= {"ms_runs": runs[name], **_rates(lens, statistics.median(runs[name]))}
-        if "ms" in rows.get("ours-sm75-turbo", {}):  # where the time goes: parallel prep vs serial state pass
-            t = impls["ours-sm75-turbo"]
-            bufs = t(q, k, v, g, beta, h0, cu, ci)[2]
-            rows["ours-sm75-turbo"]["prep_ms"] = _time(lambda: t(q, k, v, g, beta, h0, cu, ci, parts="prep", bufs=bufs))
-            rows["ours-sm75-turbo"]["state_ms"] = _time(lambda: t(q, k, v, g, beta, h0, cu, ci, parts="state", bufs=bufs))
-            rows["ours-sm75-turbo"]["segments"] = t.segments(q, cu, ci)
-            print(case, "ours-sm75-turbo parts", rows["ours-sm75-turbo"], flush=True)
-        fla_ms = rows.get("fla-chunk", {}).get("ms")
-        for r in rows.values():
-            if fla_ms and "ms" in r:
-                r["x_vs_fla_chunk"] = fla_ms / r["ms"]  # > 1: faster than fla-core's chunk kernel
-        report["cases"][case] = {"lens": lens, "rows": rows}
-        if json_out:
-            json_out.write_text(json.dumps(report, indent=1))
+        if case in cases:
+            report["cases"][case] = {"lens": lens, "rows": _run_case(case, lens, impls, fla, rows_wanted, repeats)}
+            if json_out:
+                json_out.write_text(json.dumps(report, indent=1))
+    del keep
     print(json.dumps(report, indent=1))
+
+
+def _calls(q, k, v, g, beta, h0, cu, ci, impls: dict, fla) -> dict:
+    """Each row's call on one case's inputs: ours (the plan's state config and every candidate), fla's."""
+    from caovan_vllm_sm75_turbo3.kernels.gdn import chunk_gated_delta_rule
+    from caovan_vllm_sm75_turbo3.kernels.gdn.configs import STATE
+
+    calls = {}
+    for name, impl in impls.items():
+        calls[name] = lambda impl=impl: impl(q, k, v, g, beta, h0, cu, ci)[:2]
+    if "ours-sm75-turbo" in impls:
+        for cfg in STATE[(D, D)]:
+            calls[_config_row(cfg)] = lambda cfg=cfg: impls["ours-sm75-turbo"](q, k, v, g, beta, h0, cu, ci,
+                                                                                 state_cfg=cfg)[:2]
+    calls["ours-native"] = lambda: chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                                          cu_seqlens=cu, chunk_indices=ci)
+    if fla is not None:
+        fla_chunk, fla_rec, fla_ci = fla
+        cu64, cu_cpu = cu.long(), cu.long().cpu()
+        fci = fla_ci(cu64, 64)
+        calls["fla-chunk"] = lambda: fla_chunk(q, k, v, g, beta, scale=D ** -0.5, initial_state=h0,
+                                               output_final_state=True, state_v_first=True, cu_seqlens=cu64,
+                                               cu_seqlens_cpu=cu_cpu, chunk_indices=fci)
+        calls["fla-recurrent"] = lambda: fla_rec(q, k, v, g=g, beta=beta, scale=D ** -0.5, initial_state=h0,
+                                                 output_final_state=True, state_v_first=True, cu_seqlens=cu64)
+    return calls
+
+
+def _config_row(cfg) -> str:
+    """The row name of our turbo build forced to one state config."""
+    return f"ours-sm75-turbo[bv{cfg.block_v}w{cfg.num_warps}{'' if cfg.early_loads else '-late'}]"
+
+
+def _run_case(case: str, lens: list[int], impls: dict, fla, rows_wanted: tuple[str, ...], repeats: int) -> dict:
+    """One case: every wanted row checked against float64 and timed; where our time goes."""
+    import torch
+    import torch.nn.functional as F
+
+    from caovan_vllm_sm75_turbo3.kernels.gdn import gated_delta_rule_reference
+    from caovan_vllm_sm75_turbo3.kernels.numerics import rel_error
+
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    T, N = sum(lens), len(lens)
+    q = F.normalize(torch.randn(1, T, H, D, device=dev), dim=-1).half()
+    k = F.normalize(torch.randn(1, T, H, D, device=dev), dim=-1).half()
+    v = torch.randn(1, T, HV, D, device=dev).half()
+    g = F.logsigmoid(torch.randn(1, T, HV, device=dev) + 3.0)
+    beta = torch.rand(1, T, HV, device=dev)
+    h0 = torch.randn(N, HV, D, D, device=dev) * 0.1
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device=dev)
+    ci = _chunk_indices(lens).to(dev)
+    ro, rs = gated_delta_rule_reference(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu)
+    calls = _calls(q, k, v, g, beta, h0, cu, ci, impls, fla)
+    rows = {}
+    for name, call in calls.items():
+        if name not in rows_wanted and not ("[" in name and EACH_STATE_CONFIG in rows_wanted):
+            continue
+        try:
+            o, st = call()
+            torch.cuda.synchronize()
+            nan = bool(torch.isnan(o).any() or torch.isnan(st).any())
+            err_o, err_s = rel_error(o, ro), rel_error(st, rs)  # inf when NaN/inf is in the output
+            rows[name] = {"rel_err_o": err_o, "rel_err_state": err_s, "nan": nan, **_rates(lens, _time(call))}
+        except Exception as err:
+            rows[name] = {"error": repr(err)[:300]}
+        print(case, name, rows[name], flush=True)
+    # Repeats interleave ours and fla-chunk, so a drift of the card's speed hits both alike;
+    # each row then reports the median of its repeats and keeps them all.
+    timed = [name for name in REPEATED_ROWS if repeats > 1 and "ms" in rows.get(name, {})]
+    runs = {name: [rows[name]["ms"]] for name in timed}
+    for _ in range(repeats - 1):
+        for name in timed:
+            runs[name].append(_time(calls[name]))
+    for name in timed:
+        rows[name] |= {"ms_runs": runs[name], **_rates(lens, statistics.median(runs[name]))}
+    _split_ours(case, rows, impls, (q, k, v, g, beta, h0, cu, ci))
+    fla_ms = rows.get("fla-chunk", {}).get("ms")
+    for r in rows.values():
+        if fla_ms and "ms" in r:
+            r["x_vs_fla_chunk"] = fla_ms / r["ms"]  # > 1: faster than fla-core's chunk kernel
+    return rows
+
+
+def _split_ours(case: str, rows: dict, impls: dict, args: tuple) -> None:
+    """Where the time goes, for our plan's row and each forced state config: the parallel prep and
+    the serial state pass timed alone, the segments, the state config."""
+    from caovan_vllm_sm75_turbo3.kernels.gdn.configs import STATE
+
+    t = impls.get("ours-sm75-turbo")
+    named = {"ours-sm75-turbo": None} | {_config_row(c): c for c in STATE[(D, D)]}
+    for name, cfg in named.items():
+        if t is None or "ms" not in rows.get(name, {}):
+            continue
+        bufs = t(*args, state_cfg=cfg)[2]
+        rows[name]["prep_ms"] = _time(lambda: t(*args, parts="prep", bufs=bufs, state_cfg=cfg))
+        rows[name]["state_ms"] = _time(lambda: t(*args, parts="state", bufs=bufs, state_cfg=cfg))
+        plan = t._plan(args[0], args[6], args[7], None, cfg)
+        rows[name] |= {"segments": len(plan.segments), "state_config": dataclasses.asdict(plan.state)}
+        print(case, name, "parts", rows[name], flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -350,6 +540,11 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--repeats", type=int, default=1,
                    help="time ours-sm75-turbo and fla-chunk this many times, interleaved, and report the median")
     r.add_argument("--cases", default=",".join(CASES), help=f"comma-separated cases, of {', '.join(CASES)}")
+    r.add_argument("--turing-proxy", action="store_true",
+                   help=f"run every row in a CUDA green context of {TURING_PROXY[0]} SMs, our builds asking for "
+                        f"shared memory as on {TURING_PROXY[1] // 1024} KiB per SM (an RTX 2080 Ti's shape)")
+    r.add_argument("--sms", type=int, help="the proxy's SM count (implies the proxy)")
+    r.add_argument("--shared-per-sm", type=int, help="the proxy's shared bytes per SM (implies the proxy)")
     r.add_argument("--fresh", action="store_true",
                    help="each case in a fresh process, so fla-core autotunes at the shape it is timed at")
     a = ap.parse_args(argv)
@@ -365,10 +560,14 @@ def main(argv: list[str] | None = None) -> int:
     cases = tuple(x.strip() for x in a.cases.split(",") if x.strip())
     if not cases or any(c not in CASES for c in cases):
         ap.error(f"--cases: accepted: {', '.join(CASES)}")
+    proxy = None
+    if a.turing_proxy or a.sms or a.shared_per_sm:
+        proxy = (a.sms or TURING_PROXY[0], a.shared_per_sm or TURING_PROXY[1])
     if a.fresh:
-        run_fresh(["--ptx", str(a.ptx), "--rows", ",".join(rows), "--repeats", str(a.repeats)], cases, a.json)
+        extra = ["--sms", str(proxy[0]), "--shared-per-sm", str(proxy[1])] if proxy else []
+        run_fresh(["--ptx", str(a.ptx), "--rows", ",".join(rows), "--repeats", str(a.repeats), *extra], cases, a.json)
     else:
-        run(a.ptx, a.json, rows, a.repeats, cases)
+        run(a.ptx, a.json, rows, a.repeats, cases, proxy)
     return 0
 
 
