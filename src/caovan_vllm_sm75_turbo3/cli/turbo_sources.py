@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import CaovanError
-from ..kernels.turbo.allowlist import KernelEntry, source_digest
+from ..kernels.turbo.allowlist import KernelEntry, SourceVariant, source_digest
 
 _PLACEHOLDER_SWITCH = "CUDA_VISIBLE_DEVICES"
 
@@ -59,10 +59,37 @@ class ResolvedKernel:
     fn: Any
     module: str
     digest: str
+    triton_version: str = ""   # the Triton it is checked with; "" = the installed one
+
+    def _triton(self) -> str:
+        if self.triton_version:
+            return self.triton_version
+        import triton
+        return triton.__version__
+
+    @property
+    def variant(self) -> SourceVariant | None:
+        """The entry's source variant of this digest: the one verified on this Triton, else any (its
+        constexprs still describe this text); None when the entry lists no variant of it."""
+        if not self.entry.sources:
+            return None
+        return self.entry.variant_for(self.digest, self._triton()) or next(
+            (v for v in self.entry.sources if v.digest == self.digest), None)
 
     @property
     def source_verified(self) -> bool:
+        if self.entry.sources:
+            return self.entry.variant_for(self.digest, self._triton()) is not None
         return not self.entry.source_sha256 or self.digest in self.entry.source_sha256
+
+    def unverified_reason(self) -> str:
+        """Why auto mode builds this source plain (for a check row); call only when not `source_verified`."""
+        variant = self.variant
+        if variant is None:
+            return (f"source digest {self.digest} is not the verified {', '.join(self.entry.source_sha256)} "
+                    "(auto mode builds it plain)")
+        return (f"source digest {self.digest} was verified with Triton {', '.join(variant.triton_versions)}, "
+                f"not {self._triton()} (auto mode builds it plain)")
 
 
 def resolve(entry: KernelEntry) -> ResolvedKernel:
@@ -119,12 +146,18 @@ def check_builds(kernel: ResolvedKernel) -> Iterator[tuple[dict[str, Any], dict[
                 cfg["maxnreg"] = spec.maxnreg
             yield cfg, dict(spec.signature), dict(spec.constexprs), int(spec.num_warps), _divisible(spec)
         return
-    base = dict(check["constexprs"])
-    for cfg in kernel.entry.configs:
+    # the installed text's variant adds its constexprs (parameters the base signature may lack) and
+    # its own configs; an unlisted digest compiles as the entry says
+    variant = kernel.variant
+    extra = dict(variant.constexprs) if variant is not None else {}
+    base = {**check["constexprs"], **extra}
+    sig = dict(check["signature"])
+    if any(k not in sig for k in extra):   # Triton wants the parameters in the kernel's order
+        sig = {name: sig.get(name, "constexpr") for name in kernel.fn.arg_names}
+    for cfg in kernel.entry.configs_for(variant):
         cx = dict(base)
         cx.update({k: v for k, v in cfg.items() if k != "num_warps"})
-        sig = dict(check["signature"])
-        yield dict(cfg), sig, cx, int(cfg["num_warps"]), [n for n, t in sig.items() if t.startswith("*")]
+        yield dict(cfg), dict(sig), cx, int(cfg["num_warps"]), [n for n, t in sig.items() if t.startswith("*")]
 
 
 def _divisible(spec: Any) -> list[str]:
@@ -175,8 +208,7 @@ def check_kernel(kernel: ResolvedKernel) -> list[CheckRow]:
             row.problems = judge_turbo_build(turbo.shared_bytes, turbo.spill_bytes, turbo.mma_count,
                                              turbo.fma_count, plain.fma_count)
         if not kernel.source_verified:
-            row.problems.append(f"source digest {kernel.digest} is not the verified "
-                                f"{', '.join(kernel.entry.source_sha256)} (auto mode builds it plain)")
+            row.problems.append(kernel.unverified_reason())
         row.ok = not row.problems
         rows.append(row)
     return rows

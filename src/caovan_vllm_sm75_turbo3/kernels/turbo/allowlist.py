@@ -4,6 +4,11 @@ The list lives in `data/turbo_allowlist.json`. Each entry names one Triton funct
 the modules it may live in), the Triton versions and the source digest it was verified with, the
 tile configs (constexprs plus num_warps) that passed, the shapes the offline check compiles it at,
 and the evidence (compile and numeric checks, with dates and cards).
+
+A kernel that vLLM's releases ship in several texts (the FLA GDN kernels, docs/fla-releases.md) lists
+them as `sources`: each source variant (one digest) with the Tritons its releases pin and the configs
+that passed there. A digest is verified only on its own variant's Tritons, never on another
+variant's: the entry's `source_sha256` x `triton_versions` is not a verified cross product.
 """
 
 from __future__ import annotations
@@ -16,6 +21,29 @@ from importlib import resources
 from typing import Any
 
 ALLOWLIST_FILE = "turbo_allowlist.json"
+
+
+@dataclass(frozen=True)
+class SourceVariant:
+    """One text of an allowlisted kernel: its digest, the vLLM releases shipping it, the Tritons it was
+    checked with (the ones those releases pin) and the configs that passed on every one of them."""
+
+    digest: str                               # first 16 hex of sha256 of the function's source
+    releases: str                             # the vLLM releases shipping it, e.g. "0.21.0-0.25.1"
+    triton_versions: tuple[str, ...]          # major.minor, e.g. ("3.6", "3.7")
+    constexprs: Mapping[str, Any] = field(default_factory=dict)   # extra check constexprs, at vLLM's GDN values
+    configs: tuple[Mapping[str, Any], ...] = ()   # empty: the entry's configs
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _config_in(configs: tuple[Mapping[str, Any], ...], constants: Mapping[str, Any], num_warps: int) -> bool:
+    """True when one of `configs` equals these constexprs (on its keys) and num_warps."""
+    for cfg in configs:
+        if cfg.get("num_warps", num_warps) != num_warps:
+            continue
+        if all(constants.get(k) == v for k, v in cfg.items() if k != "num_warps"):
+            return True
+    return False
 
 
 @dataclass(frozen=True)
@@ -32,15 +60,37 @@ class KernelEntry:
     evidence: Mapping[str, Any] = field(default_factory=dict)
     # "f16x3": its IEEE fp32 dots are planned as tf32 and built as split-fp16 products (pipeline.py)
     fp32_dots: str = ""
+    # vLLM's texts of this kernel; when given, source_sha256 and triton_versions are their unions
+    sources: tuple[SourceVariant, ...] = ()
 
     def config_matches(self, constants: Mapping[str, Any], num_warps: int) -> bool:
-        """True when one verified config equals these constexprs (on its keys) and num_warps."""
-        for cfg in self.configs:
-            if cfg.get("num_warps", num_warps) != num_warps:
-                continue
-            if all(constants.get(k) == v for k, v in cfg.items() if k != "num_warps"):
-                return True
-        return False
+        """True when one of the entry's configs equals these constexprs (on its keys) and num_warps."""
+        return _config_in(self.configs, constants, num_warps)
+
+    def variant_for(self, digest: str, triton_version: str) -> SourceVariant | None:
+        """The source variant verified for this digest on this Triton; None when that pair was not checked."""
+        return next((v for v in self.sources
+                     if v.digest == digest and triton_version_matches(triton_version, v.triton_versions)), None)
+
+    def configs_for(self, variant: SourceVariant | None) -> tuple[Mapping[str, Any], ...]:
+        """The configs verified for `variant` (the entry's own when it lists none, or for no variant)."""
+        return variant.configs if variant is not None and variant.configs else self.configs
+
+    def verified(self, digest: str, triton_version: str, constants: Mapping[str, Any], num_warps: int) -> bool:
+        """Whether this source on this Triton in this config was checked (what CAOVAN_TURBO=auto builds).
+
+        With `sources`, the (digest, Triton) pair must be one variant's, the launch must carry that
+        variant's constexprs and match one of its configs; otherwise the entry's Tritons, digests
+        (none: our own kernels, pinned by the package) and configs.
+        """
+        if self.sources:
+            variant = self.variant_for(digest, triton_version)
+            return (variant is not None
+                    and all(constants.get(k) == v for k, v in variant.constexprs.items())
+                    and _config_in(self.configs_for(variant), constants, num_warps))
+        return (triton_version_matches(triton_version, self.triton_versions)
+                and (not self.source_sha256 or digest in self.source_sha256)
+                and self.config_matches(constants, num_warps))
 
 
 @dataclass(frozen=True)
@@ -66,19 +116,46 @@ def triton_version_matches(version: str, verified: tuple[str, ...]) -> bool:
     return any(base == v or base.startswith(v + ".") for v in verified)
 
 
+def _parse_sources(raw: Mapping[str, Any]) -> tuple[SourceVariant, ...]:
+    """An entry's `sources`; ValueError when it also gives the fields they determine, or a variant
+    lists a config the entry does not (CAOVAN_TURBO=on would then refuse what auto builds)."""
+    if "source_sha256" in raw or "triton_versions" in raw:
+        raise ValueError("gives sources and source_sha256/triton_versions (those are derived from sources)")
+    variants = tuple(SourceVariant(
+        digest=v["digest"], releases=v["releases"], triton_versions=tuple(v["triton_versions"]),
+        constexprs=dict(v.get("constexprs", {})), configs=tuple(dict(c) for c in v.get("configs", ())),
+        evidence=dict(v.get("evidence", {}))) for v in raw["sources"])
+    for v in variants:
+        extra = [c for c in v.configs if c not in raw["configs"]]
+        if extra:
+            raise ValueError(f"source {v.digest} lists configs the entry does not: {extra}")
+    return variants
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split(".") if p.isdigit())
+
+
+def _parse_entry(raw: Mapping[str, Any]) -> KernelEntry:
+    sources = _parse_sources(raw) if "sources" in raw else ()
+    if sources:
+        digests = tuple(dict.fromkeys(v.digest for v in sources))
+        tritons = tuple(sorted({t for v in sources for t in v.triton_versions}, key=_version_key))
+    else:
+        digests, tritons = tuple(raw.get("source_sha256", ())), tuple(raw["triton_versions"])
+    return KernelEntry(
+        name=raw["name"], modules=tuple(raw["modules"]), source_sha256=digests, triton_versions=tritons,
+        configs=tuple(dict(c) for c in raw["configs"]), check=dict(raw["check"]), numeric=raw.get("numeric", ""),
+        evidence=dict(raw.get("evidence", {})), fp32_dots=raw.get("fp32_dots", ""), sources=sources)
+
+
 def parse_allowlist(data: Mapping[str, Any]) -> Allowlist:
     """Build the allowlist from its JSON object; raises ValueError naming a malformed entry."""
     entries = []
     for i, raw in enumerate(data.get("kernels", [])):
         try:
-            entries.append(KernelEntry(
-                name=raw["name"], modules=tuple(raw["modules"]),
-                source_sha256=tuple(raw.get("source_sha256", ())),
-                triton_versions=tuple(raw["triton_versions"]),
-                configs=tuple(dict(c) for c in raw["configs"]),
-                check=dict(raw["check"]), numeric=raw.get("numeric", ""),
-                evidence=dict(raw.get("evidence", {})), fp32_dots=raw.get("fp32_dots", "")))
-        except (KeyError, TypeError) as err:
+            entries.append(_parse_entry(raw))
+        except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"{ALLOWLIST_FILE}: kernels[{i}] is malformed ({err})") from None
         if entries[-1].fp32_dots not in ("", "f16x3"):
             raise ValueError(f"{ALLOWLIST_FILE}: kernels[{i}] has unknown fp32_dots {entries[-1].fp32_dots!r}")

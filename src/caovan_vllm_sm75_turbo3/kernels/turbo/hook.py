@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from .allowlist import Allowlist, source_digest, triton_version_matches
+from .allowlist import Allowlist, source_digest
 from .pipeline import TURBO_TAG, TurboBuild, apply_turbo
 
 logger = logging.getLogger("caovan_vllm_sm75_turbo3.turbo")
@@ -50,7 +50,8 @@ class AllowlistSelector:
     """Pick allowlisted kernels compiled for sm_75 in a verified config.
 
     `strict` (CAOVAN_TURBO=auto) also needs the running Triton version and the kernel's source
-    digest to be among the entry's verified ones; `CAOVAN_TURBO=on` drops those two conditions.
+    digest to be a verified pair (for an entry with `sources`: one variant's, in that variant's
+    constexprs and configs); `CAOVAN_TURBO=on` drops those conditions and keeps the entry's configs.
     """
 
     allowlist: Allowlist
@@ -68,10 +69,8 @@ class AllowlistSelector:
         if entry is None or not entry.config_matches(constants, options.num_warps):
             return False
         if self.strict:
-            if not triton_version_matches(self.triton_version, entry.triton_versions):
-                return False
-            if entry.source_sha256 and source_digest(src.fn.src) not in entry.source_sha256:
-                return False
+            digest = source_digest(src.fn.src) if entry.source_sha256 else ""   # our own kernels: no digest
+            return entry.verified(digest, self.triton_version, constants, options.num_warps)
         return True
 
     def fp32_dots_for(self, src: Any) -> str:
