@@ -54,6 +54,8 @@ import sys
 import time
 from pathlib import Path
 
+import vllm_fla_sm75  # this folder: the vllm-fla-sm75-turbo row (Triton only at import: none)
+
 H, HV, D = 8, 24, 128
 CASES: dict[str, list[int]] = {
     "T=512": [512],
@@ -93,6 +95,10 @@ def build(out: Path) -> None:
                          "args": spec.args, **info.summary_numbers(), "triton": triton.__version__}
             print(key, info.summary_numbers(), flush=True)
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
+    try:
+        vllm_fla_sm75.build(out / "vllm_fla")
+    except vllm_fla_sm75.NotVerified as err:  # another Triton than vLLM 0.21's: that row has no PTX
+        print(f"{VLLM_FLA}: not built: {err}", flush=True)
 
 
 def _chunk_indices(lens: list[int]):
@@ -240,7 +246,9 @@ def _ceilings() -> dict[str, float]:
 
 
 EACH_STATE_CONFIG = "ours-sm75-turbo-each-state"  # a row per candidate state config, forced
-ROWS = ("ours-sm75-turbo", "ours-sm75-plain", "ours-native", "fla-chunk", "fla-recurrent", EACH_STATE_CONFIG)
+VLLM_FLA = vllm_fla_sm75.ROW  # vLLM 0.21's FLA chain as turbo sm_75 PTX: what a Turing user runs without us
+ROWS = ("ours-sm75-turbo", "ours-sm75-plain", "ours-native", "fla-chunk", "fla-recurrent", VLLM_FLA,
+        EACH_STATE_CONFIG)
 # ours-native only on request: chunk_gated_delta_rule refuses sm_90+ (Triton 3.6's wgmma build of
 # the state kernel gives wrong results there, benchmarks/RESULTS.md), so the row reports that refusal.
 DEFAULT_ROWS = tuple(r for r in ROWS if r not in ("ours-native", EACH_STATE_CONFIG))
@@ -406,6 +414,11 @@ def run(ptx_dir: Path, json_out: Path | None, rows_wanted: tuple[str, ...] = ROW
             impls[f"ours-sm75-{build}"] = _Sm75(ptx_dir, build, budget, proxy)
         except Exception as err:  # report and carry on with the other rows
             print(f"ours-sm75-{build}: cannot load: {err!r}", flush=True)
+    if VLLM_FLA in rows_wanted:  # loaded here, so in the green context when the proxy is on
+        try:
+            impls[VLLM_FLA] = vllm_fla_sm75.VllmFlaSm75(ptx_dir / "vllm_fla", proxy)
+        except Exception as err:
+            print(f"{VLLM_FLA}: cannot load: {err!r}", flush=True)
     if proxy is not None:
         proxy |= _check_proxy(impls.get("ours-sm75-turbo"))
         report["proxy"] = proxy
@@ -434,7 +447,17 @@ def _calls(q, k, v, g, beta, h0, cu, ci, impls: dict, fla) -> dict:
 
     calls = {}
     for name, impl in impls.items():
-        calls[name] = lambda impl=impl: impl(q, k, v, g, beta, h0, cu, ci)[:2]
+        if name != VLLM_FLA:
+            calls[name] = lambda impl=impl: impl(q, k, v, g, beta, h0, cu, ci)[:2]
+    if VLLM_FLA in impls:  # tuned on this case's inputs first, as Triton's autotuner would on the card
+        try:
+            calls[VLLM_FLA] = impls[VLLM_FLA].case(q, k, v, g, beta, h0, cu, ci, lambda fn: _time(fn, 0.1))
+        except Exception as err:  # the row reports it; the others still run
+
+            def failed(err: Exception = err):
+                raise RuntimeError(f"tuning failed: {err!r}")
+
+            calls[VLLM_FLA] = failed
     if "ours-sm75-turbo" in impls:
         for cfg in STATE[(D, D)]:
             calls[_config_row(cfg)] = lambda cfg=cfg: impls["ours-sm75-turbo"](q, k, v, g, beta, h0, cu, ci,
@@ -502,10 +525,15 @@ def _run_case(case: str, lens: list[int], impls: dict, fla, rows_wanted: tuple[s
     for name in timed:
         rows[name] |= {"ms_runs": runs[name], **_rates(lens, statistics.median(runs[name]))}
     _split_ours(case, rows, impls, (q, k, v, g, beta, h0, cu, ci))
+    if "ms" in rows.get(VLLM_FLA, {}):
+        rows[VLLM_FLA] |= calls[VLLM_FLA].facts()
     fla_ms = rows.get("fla-chunk", {}).get("ms")
+    vllm_ms = rows.get(VLLM_FLA, {}).get("ms")
     for r in rows.values():
         if fla_ms and "ms" in r:
             r["x_vs_fla_chunk"] = fla_ms / r["ms"]  # > 1: faster than fla-core's chunk kernel
+        if vllm_ms and "ms" in r:
+            r["x_vs_vllm_fla_sm75"] = vllm_ms / r["ms"]  # > 1: faster than vLLM's FLA chain on Turbo
     return rows
 
 

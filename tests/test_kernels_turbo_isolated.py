@@ -17,7 +17,8 @@ pytestmark = [pytest.mark.triton_compile, pytest.mark.vllm, pytest.mark.timeout(
 
 TESTS = Path(__file__).resolve().parent
 MODULES = ["test_kernels_turbo_rewrite.py", "test_kernels_turbo_compile.py", "test_kernels_turbo_hook.py", "test_cli_kernels_check.py",
-           "test_fla_releases.py"]   # the vLLM FLA variants that ship with this Triton (3.6: 0.21-0.26)
+           "test_fla_releases.py",   # the vLLM FLA variants that ship with this Triton (3.6: 0.21-0.26)
+           "test_bench_vllm_fla_sm75.py"]   # the benchmark's vLLM FLA chain: its PTX parameters
 
 
 @pytest.mark.parametrize("module", MODULES)
