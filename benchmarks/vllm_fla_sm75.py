@@ -68,6 +68,10 @@ def tag(cfg: dict[str, Any]) -> str:
     return "_".join(f"{k}{v}" for k, v in cfg.items())
 
 
+class NotVerified(Exception):
+    """The allowlist verifies the 0.21.0 text of a kernel on another Triton than this one."""
+
+
 @dataclass(frozen=True)
 class Build:
     """One config of one kernel to compile: what check_builds yields for the 0.21.0 text."""
@@ -100,7 +104,7 @@ def variant_builds(kernel: str) -> Iterator[Build]:
     entry = next(e for e in load_allowlist().kernels if e.name == kernel)
     resolved = ResolvedKernel(entry, fn, fn.__module__, v["digest"])
     if not resolved.source_verified:
-        raise SystemExit(f"{kernel}: the allowlist verifies no config of the {RELEASE} text on Triton "
+        raise NotVerified(f"{kernel}: the allowlist verifies no config of the {RELEASE} text on Triton "
                          f"{triton.__version__} (build with the Triton vLLM {RELEASE} pins)")
     for cfg, sig, cx, warps, divisible in check_builds(resolved):
         yield Build(kernel, v["digest"], fn, cfg, sig, cx, warps, divisibility_attrs(fn, divisible),
