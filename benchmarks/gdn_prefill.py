@@ -4,6 +4,7 @@ Two steps, because the sm_75 binaries are built where the rewrite and ptxas live
 and timed on the lent GPU:
 
     python benchmarks/gdn_prefill.py build --out .bench/gdn_ptx      # CPU: sm_75 PTX, turbo and plain
+                                                  # (and vLLM 0.21's FLA chain, turbo, in <out>/vllm_fla)
     python benchmarks/gdn_prefill.py run --ptx .bench/gdn_ptx [--json FILE]   # GPU
 
 `build` needs Triton but not torch, so it also runs in a venv holding another Triton release
@@ -23,7 +24,19 @@ packed through cu_seqlens with initial and final state, as vLLM calls it):
                    on sm_90+, where Triton 3.6's wgmma build of the state kernel is wrong)
   fla-chunk        fla-core's chunk_gated_delta_rule (native, autotuned, V-first state)
   fla-recurrent    fla-core's fused_recurrent_gated_delta_rule (token-serial)
+  vllm-fla-sm75-turbo  the peer a Turing user really has: vLLM 0.21's own FLA chunk_gated_delta_rule
+                   forward chain (benchmarks/vllm_fla_sm75.py: chunk-local cumsum of g, then kkt,
+                   solve_tril's 64x64 merge (ieee, fp16 out), w/u, fwd_h, o), each kernel the 0.21.0
+                   text as turbo sm_75 PTX (our hook's build, fp32 dots on split-fp16 tensor cores),
+                   JIT-ed and launched through CuPy like ours. Every config the allowlist verifies is
+                   built; per case each kernel's fastest is picked by timing it alone on that case's
+                   own intermediates (as Triton's autotuner would on the card) and the row records the
+                   picks ("configs", "kernel_ms", "tune_ms"). The cumsum is 3 torch launches inside the
+                   timed call where vLLM runs one small Triton kernel (a few microseconds more). States
+                   are [N, HV, V, K] in vLLM's fwd_h as in our reference: no transpose. Built only with
+                   the Triton vLLM 0.21 pins (3.6); elsewhere `build` skips it.
 and checks each output and final state against the float64 token-serial reference at full size.
+Every row reports x_vs_fla_chunk and x_vs_vllm_fla_sm75 (that row's ms / this row's ms: > 1, faster).
 `--rows ...,ours-sm75-turbo-each-state` adds a row per candidate state config (configs.STATE), forced.
 
 `--turing-proxy` (or `--sms N --shared-per-sm BYTES`) runs every row inside a CUDA green context
@@ -39,6 +52,13 @@ memory or 5.5 MB L2 (it keeps the H200's), and fla-core is not what runs on Turi
 FLA copy runs through Turbo, while the proxy runs fla-core's native Hopper build, whose Triton
 launches get the 72 SMs but not the shared-memory cap (nothing here caps another launcher's
 shared memory; the carveout attribute is only a hint), so fla keeps Hopper's co-residency.
+vllm-fla-sm75-turbo is that Turing path's code (same sm_75 PTX, same tensor-core mma.sync shapes,
+same configs to pick from) under the same proxy as ours: loaded in the green context, each launch
+asking for the shared memory that caps its programs per SM at a Turing SM's (64 KiB shared, and
+for these small-shared kernels also 32 warps and 16 blocks; registers are 64 K on both). So
+ours against it compares like with like in SMs, co-residency and instruction mix; it still runs at
+the H200's clocks, memory and L2 and its ptxas (driver JIT for sm_90), and its picks are the
+H200's fastest, which need not be a 2080 Ti's.
 FLOP/s count the chunked algorithm's matrix products (the same count for every row); bytes/s
 count compulsory traffic (q, k, v, g, beta in; o out; state in and out). Ceilings are measured
 in the same run: a device-to-device copy and a cuBLAS fp16 matmul.

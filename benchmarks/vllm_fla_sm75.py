@@ -8,7 +8,7 @@ that text on this Triton, and runs them through the driver JIT the way benchmark
 runs ours (RawModule, Triton's two trailing scratch pointers, torch's current stream):
 
     g_cumsum = chunk-local cumsum of g     torch ops (vLLM runs one small Triton kernel; here
-                                           4 torch launches: gather, cumsum, gather back)
+                                           3 torch launches: gather, cumsum, gather back)
     A        = chunk_scaled_dot_kkt_fwd_kernel          fp32, fp32 dots on split-fp16 tensor cores
     Ai       = merge_16x16_to_64x64_inverse_kernel      (I + A)^-1, fp16 out, DOT_PRECISION ieee
     w, u     = recompute_w_u_fwd_kernel
