@@ -357,7 +357,15 @@ def _check_proxy(ours) -> dict:
         facts["sms_triton"] = _triton_sms()
     except Exception as err:
         facts["sms_triton"] = f"not measured: {err!r:.200}"
-    for name, (kfn, m) in (ours.fns.items() if ours is not None else ()):
+    return facts | _programs_per_sm(ours.fns if ours is not None else {})
+
+
+def _programs_per_sm(fns: dict) -> dict:
+    """Per loaded build (name -> (CuPy function, facts)): programs per SM at its real and proxy shared memory."""
+    import cupy as cp
+
+    facts = {}
+    for name, (kfn, m) in fns.items():
         try:
             ptr = kfn.kernel.ptr  # the RawKernel's CUfunction
             occ = [cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(ptr, m["num_warps"] * 32, b)
@@ -387,7 +395,7 @@ def _triton_sms() -> int:
     return len(set(buf.tolist()) - {-1})
 
 
-REPEATED_ROWS = ("ours-sm75-turbo", "fla-chunk")  # the pair the issue's targets compare
+REPEATED_ROWS = ("ours-sm75-turbo", "fla-chunk", VLLM_FLA)  # the issue's targets compare ours with these two
 
 
 def run_fresh(argv: list[str], cases: tuple[str, ...], json_out: Path | None) -> None:
@@ -441,6 +449,9 @@ def run(ptx_dir: Path, json_out: Path | None, rows_wanted: tuple[str, ...] = ROW
             print(f"{VLLM_FLA}: cannot load: {err!r}", flush=True)
     if proxy is not None:
         proxy |= _check_proxy(impls.get("ours-sm75-turbo"))
+        if VLLM_FLA in impls:
+            proxy |= _programs_per_sm({f"{VLLM_FLA} {kernel} {c}": built for kernel, per in impls[VLLM_FLA].fns.items()
+                                       for c, built in per.items()})
         report["proxy"] = proxy
         print("proxy", json.dumps(proxy), flush=True)
     try:
@@ -586,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--rows", default=",".join(DEFAULT_ROWS),
                    help=f"comma-separated rows to run, of {', '.join(ROWS)} (default: all but ours-native)")
     r.add_argument("--repeats", type=int, default=1,
-                   help="time ours-sm75-turbo and fla-chunk this many times, interleaved, and report the median")
+                   help="time ours-sm75-turbo, fla-chunk and vllm-fla-sm75-turbo this many times, interleaved, and report the median")
     r.add_argument("--cases", default=",".join(CASES), help=f"comma-separated cases, of {', '.join(CASES)}")
     r.add_argument("--turing-proxy", action="store_true",
                    help=f"run every row in a CUDA green context of {TURING_PROXY[0]} SMs, our builds asking for "
