@@ -202,3 +202,20 @@ def test_every_release_module_path_is_on_its_entry() -> None:
     for version, row in RELEASES["releases"].items():
         for kernel, module in row["modules"].items():
             assert module in entries[kernel].modules, (version, kernel, module)
+
+
+def test_every_entry_names_a_numeric_check_that_exists() -> None:
+    # `numeric` is either a case of kernels/turbo/cases.py (read without importing torch) or the
+    # benchmark that checks our own kernels; evidence text belongs in `evidence`, never here
+    import ast
+
+    cases_py = ROOT / "src/caovan_vllm_sm75_turbo3/kernels/turbo/cases.py"
+    tree = ast.parse(cases_py.read_text(encoding="utf-8"))
+    table = next(n for n in tree.body if isinstance(n, ast.AnnAssign) and getattr(n.target, "id", "") == "CASES")
+    case_names = {k.value for k in table.value.keys}
+    assert "kkt" in case_names   # guards the parse: an empty set would fail every FLA entry below
+    for entry in load_allowlist().kernels:
+        if "/" in entry.numeric:
+            assert (ROOT / entry.numeric).is_file(), f"{entry.name}: numeric {entry.numeric!r} is no file"
+        else:
+            assert entry.numeric in case_names, f"{entry.name}: numeric {entry.numeric!r} is no case"
