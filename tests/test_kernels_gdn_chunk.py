@@ -210,7 +210,7 @@ RTX_2080_TI = SmBudget(68, 65536, 65536)
 @pytest.mark.parametrize("budget, rows, early", [
     (H200, 24, True),          # Qwen3.6-27B at TP 2, one sequence: 96 programs, resident at once either way
     (H200, 8 * 24, True),      # 768 programs: three waves either way, so the preferred config
-    (RTX_2080_TI, 24, False),  # 56 KiB each: one per SM, two waves; 16 KiB: two per SM, one wave
+    (RTX_2080_TI, 24, False),  # 56 KiB each: one per SM, two waves; 24 KiB: two per SM, one wave
     (RTX_2080_TI, 12, True),   # TP 4: 48 programs, one wave either way
     (None, 24, True),          # no card (CPU): the preferred config
 ])
@@ -225,15 +225,16 @@ def test_state_config_follows_the_card(budget, rows, early):
     assert plan.state == cfg
 
 
-@pytest.mark.parametrize("lens", [[150, 1, 64, 90], [200]])
-def test_late_loads_equal_early_loads(lens, monkeypatch):
-    """The late-load state config computes the same bits as the early-load one."""
-    q, k, v, g, beta, h0 = _inputs(lens, 1, 1, 2, 64, 128, normalized=True, with_state=True)
+@pytest.mark.parametrize("lens, head_k", [([150, 1, 64, 90], 64), ([200], 64), ([150, 1, 64, 90], 128)])
+def test_late_loads_equal_early_loads(lens, head_k, monkeypatch):
+    """The late-load state config computes the same bits as the early-load one (K=128: the paired
+    loads of the two 64-row halves)."""
+    q, k, v, g, beta, h0 = _inputs(lens, 1, 1, 2, head_k, 128, normalized=True, with_state=True)
     kw = dict(initial_state=h0, output_final_state=True, cu_seqlens=_cu(lens))
-    late = next(c for c in STATE[(64, 128)] if not c.early_loads)
+    late = next(c for c in STATE[(head_k, 128)] if not c.early_loads)
     o1, st1 = chunk_gated_delta_rule(q, k, v, g, beta, **kw)
-    assert chunk.plan_launch(batch=1, tokens=sum(lens), value_heads=2, head_k=64, head_v=128, sequences=len(lens),
-                             cu_seqlens=kw["cu_seqlens"], chunk_indices=None).state.early_loads
+    assert chunk.plan_launch(batch=1, tokens=sum(lens), value_heads=2, head_k=head_k, head_v=128,
+                             sequences=len(lens), cu_seqlens=kw["cu_seqlens"], chunk_indices=None).state.early_loads
     monkeypatch.setattr(chunk, "select_state", lambda *a: late)
     o2, st2 = chunk_gated_delta_rule(q, k, v, g, beta, **kw)
     assert torch.equal(o1, o2) and torch.equal(st1, st2)

@@ -34,7 +34,8 @@ class StateConfig:
     """The sequential kernel: one program per (value slice of BV, sequence, value head).
 
     `early_loads`: every operand of a chunk is fetched (and staged in shared memory) at the top of
-    its iteration; otherwise each right before its product, which needs far less shared memory.
+    its iteration; otherwise right before its products (K=128: both 64-row halves of one operand
+    together), which needs far less shared memory.
     `shared_bytes`: shared memory of its sm_75 turbo build, pinned so that the launcher can count
     programs per SM without compiling (tests/test_kernels_gdn_fit.py checks it against the build).
     """
@@ -70,7 +71,7 @@ PREP: dict[tuple[int, int], PrepConfig] = {
 # with early loads on a card where the whole state pass is resident at once (an H200: 96 programs
 # at TP 2 on 132 SMs). Early loads take 56 KiB of shared memory, so on Turing (64 KiB per SM) one
 # program fits per SM and a 2080 Ti (68 SMs) runs Qwen3.6-27B's 96 programs at TP 2 in two waves
-# of the serial pass; the late-load build takes 16 KiB, and its two programs per SM (registers
+# of the serial pass; the late-load build takes 24 KiB (16 at K=64), and its two programs per SM (registers
 # allow two) run them in one. select_state picks by that count. In the Turing-shaped proxy (68
 # SMs asked, 72 given, 64 KiB per SM) late loads cut the state pass at T=32768 from 3.40 to 2.77 ms
 # and each row's total by 2-18 %; on a full H200, where both fit at once, early loads stay 1.2-1.6x
@@ -80,8 +81,8 @@ PREP: dict[tuple[int, int], PrepConfig] = {
 STATE: dict[tuple[int, int], tuple[StateConfig, ...]] = {
     (64, 64): (StateConfig(32, 4, True, 32768), StateConfig(32, 4, False, 16384)),
     (64, 128): (StateConfig(32, 4, True, 32768), StateConfig(32, 4, False, 16384)),
-    (128, 64): (StateConfig(32, 4, True, 57344), StateConfig(32, 4, False, 16384)),
-    (128, 128): (StateConfig(32, 4, True, 57344), StateConfig(32, 4, False, 16384)),
+    (128, 64): (StateConfig(32, 4, True, 57344), StateConfig(32, 4, False, 24576)),
+    (128, 128): (StateConfig(32, 4, True, 57344), StateConfig(32, 4, False, 24576)),
 }
 MAX_REGISTERS = 255  # per thread; the pinned builds may use all of them (ptxas' sm_75 cap)
 

@@ -284,32 +284,37 @@ def _state_kernel(
             if K > 64:
                 b_s2 = b_s2 * decay + tl.dot(b_k2, b_d16)
     else:
-        # Each operand fetched right before its product: one [64, 64] tile (8 KiB) is staged in
-        # shared memory at a time, 16 KiB in all instead of 56, so two programs share a Turing SM
-        # (64 KiB) and hide each other's load latency (configs.select_state says when).
+        # Each operand fetched right before its products, its two 64-row halves together (K=128):
+        # 24 KiB of shared memory instead of 56, so two programs share a Turing SM (64 KiB) and
+        # hide each other's load latency (configs.select_state says when). One half at a time
+        # took 16 KiB but waited for each load alone: 5-10 % slower in the Turing-shaped proxy
+        # (benchmarks/RESULTS.md).
         for c in range(c_lo, c_hi):
             b_u = tl.load(p_u, boundary_check=(0,))
             b_gc = tl.load(p_g, boundary_check=(0,))
             b_w1 = tl.load(p_w, boundary_check=(0,))
+            if K > 64:
+                b_w2 = tl.load(tl.advance(p_w, (0, 64)), boundary_check=(0,))
             b_s16a = b_s1.to(tl.float16)
             b_delta = b_u.to(tl.float32) - tl.dot(b_w1, b_s16a)
             if K > 64:
                 b_s16b = b_s2.to(tl.float16)
-                b_w2 = tl.load(tl.advance(p_w, (0, 64)), boundary_check=(0,))
                 b_delta -= tl.dot(b_w2, b_s16b)
             b_d16 = b_delta.to(tl.float16)
             decay = tl.exp(tl.sum(b_gc, 0))
             b_o = tl.load(p_o, boundary_check=(0,))
             b_q1 = tl.load(p_q, boundary_check=(0,))
-            b_out = b_o.to(tl.float32) + tl.dot(b_q1, b_s16a)
             if K > 64:
                 b_q2 = tl.load(tl.advance(p_q, (0, 64)), boundary_check=(0,))
+            b_out = b_o.to(tl.float32) + tl.dot(b_q1, b_s16a)
+            if K > 64:
                 b_out += tl.dot(b_q2, b_s16b)
             tl.store(p_o, b_out.to(o.dtype.element_ty), boundary_check=(0,))
             b_k1 = tl.load(p_kt, boundary_check=(1,))
-            b_s1 = b_s1 * decay + tl.dot(b_k1, b_d16)
             if K > 64:
                 b_k2 = tl.load(tl.advance(p_kt, (64, 0)), boundary_check=(1,))
+            b_s1 = b_s1 * decay + tl.dot(b_k1, b_d16)
+            if K > 64:
                 b_s2 = b_s2 * decay + tl.dot(b_k2, b_d16)
             p_w = tl.advance(p_w, (BT, 0))
             p_q = tl.advance(p_q, (BT, 0))
