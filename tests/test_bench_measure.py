@@ -12,7 +12,7 @@ from helpers.facts import EXAMPLES
 
 from caovan_vllm_sm75_turbo3.cli.bench import PROG, main
 from caovan_vllm_sm75_turbo3.cli.common import run_cli
-from caovan_vllm_sm75_turbo3.warmup.client import ServerClient
+from caovan_vllm_sm75_turbo3.server_api.client import ServerClient
 
 from helpers.fake_vllm_server import MODEL, fake  # noqa: F401  (fake is a pytest fixture)
 

@@ -136,7 +136,7 @@ def test_without_tokenize_lengths_are_estimated(fake, capsys):
     ("stream", "cut-clean", "without data: [DONE]"),
     ("stream", "stream-error", "error inside the stream"),
     ("chat-tiny", "malformed", "malformed JSON in the 200 reply"),
-    ("decode-24", "empty", "empty completion: no text, reasoning or tool call (completion_tokens=0"),
+    ("decode-24", "empty", "empty completion: the server counted 0 generated tokens (completion_tokens=0"),
     ("concurrency-3", "empty", "empty completion (request 1 of 3)"),
     ("chat-tiny", "reject", "HTTP 400 Bad Request"),  # a required step is never skipped
     ("warm/stream", "500", "HTTP 500"),

@@ -78,8 +78,8 @@ def test_user_errors_and_internal_kinds_are_separate_branches():
     from caovan_vllm_sm75_turbo3.kernels.turbo.pipeline import TurboBuildError
     from caovan_vllm_sm75_turbo3.kernels.turbo.resources import PtxasError
     from caovan_vllm_sm75_turbo3.kernels.turbo.rewrite import TurboRewriteError
-    from caovan_vllm_sm75_turbo3.warmup.client import Rejected, StepError
-    from caovan_vllm_sm75_turbo3.warmup.readiness import NotReady
+    from caovan_vllm_sm75_turbo3.server_api.transport import Rejected, StepError
+    from caovan_vllm_sm75_turbo3.server_api.readiness import NotReady
 
     assert issubclass(errors.CaovanError, errors.CaovanException)
     for internal in (TurboBuildError, PtxasError, TurboRewriteError, StepError, Rejected):

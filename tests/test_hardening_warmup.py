@@ -20,8 +20,10 @@ from caovan_vllm_sm75_turbo3.cli.common import run_cli
 from caovan_vllm_sm75_turbo3.cli.common import json_text
 from caovan_vllm_sm75_turbo3.cli.warmup import PROG, main
 from caovan_vllm_sm75_turbo3.errors import SettingError
-from caovan_vllm_sm75_turbo3.warmup.client import ServerClient, StepError, normalize_api_base, redact
-from caovan_vllm_sm75_turbo3.warmup.readiness import NotReady, wait_until_ready
+from caovan_vllm_sm75_turbo3.server_api.address import normalize_api_base, redact
+from caovan_vllm_sm75_turbo3.server_api.client import ServerClient
+from caovan_vllm_sm75_turbo3.server_api.transport import StepError
+from caovan_vllm_sm75_turbo3.server_api.readiness import NotReady, wait_until_ready
 
 from helpers.fake_vllm_server import MODEL, fake  # noqa: F401  (fake is a pytest fixture)
 

@@ -53,7 +53,7 @@ FATAL_CASES = [
     ("cuda_oom_profile.log", "cuda-oom", "CUDA out of memory. Tried to allocate 2.25 GiB", ["--max-num-batched-tokens"]),
     ("cuda_oom_graph_capture.log", "cuda-oom", "CUDA out of memory. Tried to allocate 512.00 MiB",
      ["--gpu-memory-utilization", "cudagraph_capture_sizes", "--enforce-eager"]),
-    ("kv_cache_too_small.log", "cuda-oom", "KV cache is needed", ["--max-model-len 36608"]),
+    ("kv_cache_too_small.log", "kv-cache-too-small", "KV cache is needed", ["--max-model-len to at most 36608"]),
     ("host_oom_killed_during_load.log", "host-oom-kill", "'EngineCore': -9", ["swap"]),
     # vLLM 0.34's format: the process prefix is part of the logger format, tracebacks come unprefixed
     ("vllm034_worker_killed.log", "host-oom-kill", "died unexpectedly (exit code: -9)", ["swap"]),
@@ -175,9 +175,10 @@ def test_details_make_the_advice_specific():
     fp8_old = run("fp8e4nv_triton.log")          # 0.21 still has an fp8 KV backend: no release blame
     assert "This log is from vLLM" not in fp8_old.first_failure.cause
     phases = {name: next(f for f in run(name).findings if f.id == "cuda-oom").phase
-              for name in ("cuda_oom_profile.log", "cuda_oom_graph_capture.log", "kv_cache_too_small.log")}
-    assert phases == {"cuda_oom_profile.log": "profile", "cuda_oom_graph_capture.log": "graph-capture",
-                      "kv_cache_too_small.log": "kv-cache"}
+              for name in ("cuda_oom_profile.log", "cuda_oom_graph_capture.log")}
+    assert phases == {"cuda_oom_profile.log": "profile", "cuda_oom_graph_capture.log": "graph-capture"}
+    kv = run("kv_cache_too_small.log").first_failure   # vLLM 0.21's wording: "models's max seq len"
+    assert "262144 tokens needs 8.00 GiB of KV cache" in kv.cause and "VLLM_CPU_KVCACHE_SPACE" in kv.fix
     host = next(f for f in run("host_oom_killed_during_load.log").findings if f.id == "host-oom-kill")
     assert host.phase == "load" and "while loading the weights" in host.cause
 
@@ -205,10 +206,41 @@ def test_vllm_034_log():
     assert by_id(sampler_forced) == {"flashinfer-sampler-refused": "fatal"}
 
 
-def test_caovan_runtime_fail_in_the_banner_is_fatal():
-    t = run_text(RUNTIME_FAIL)
-    assert t.first_failure.id == "caovan-runtime-fail" and t.first_failure.line == 2
+def test_our_runtime_fail_is_about_the_plugin_never_the_engines_failure():
+    t = run_text(RUNTIME_FAIL)   # sm75=0/0: nothing of ours applied
+    assert t.first_failure is None and t.exit_code == 0 and by_id(t) == {"caovan-runtime-fail": "harmless"}
     assert t.caovan.status["sm75"] == "0/0" and "no Turing GPU" in t.caovan.meanings()["sm75"]
+    on_turing = run_text(RUNTIME_FAIL.replace("sm75=0/0", "sm75=2/2"))
+    assert by_id(on_turing) == {"caovan-runtime-fail": "warning"} and on_turing.exit_code == 1
+    stopped = run_text(RUNTIME_FAIL.replace("sm75=0/0", "sm75=2/2") + "caovan-vllm-serve: error: runtime=FAIL: "
+                       "driver: driver 535.1 is older than CUDA 13.0 needs (580+)\n")
+    assert stopped.exit_code == 2 and stopped.first_failure.id == "caovan-launch-stopped"
+
+
+@pytest.mark.parametrize("alarm", [
+    "AssertionError",
+    "(EngineCore pid=9) CRITICAL 12-05 02:00:00 [core.py:1] something the engine could not survive",
+    "Fatal Python error: Segmentation fault",
+    "Traceback (most recent call last):\n  File \"x.py\", line 1, in f\nZeroDivisionError: division by zero",
+])
+def test_a_start_that_never_got_ready_and_shows_an_error_is_never_clean(alarm):
+    log = "INFO 12-05 02:00:00 [api_server.py:1] vLLM API server version 0.27.0\n" + alarm + "\n"
+    t = run_text(log)
+    assert t.exit_code == 2 and t.first_failure.id == "unexplained-failure" and "No known cause" in t.first_failure.cause
+    ready = run_text(log.replace(alarm, "INFO:     Application startup complete.\n" + alarm))
+    assert ready.first_failure is None or ready.first_failure.id != "unexplained-failure"
+
+
+def test_a_consequence_is_never_the_first_failure_when_an_exception_stands_before_it():
+    log = ("INFO:     Application startup complete.\n"
+           "(EngineCore pid=9) Traceback (most recent call last):\n"
+           "(EngineCore pid=9)   File \"x.py\", line 1, in step\n"
+           "(EngineCore pid=9) RuntimeError: Unsupported CPU attention configuration: head_dim=16\n"
+           "(EngineCore pid=9) ERROR 12-05 02:00:01 [core.py:1] EngineCore encountered a fatal error.\n"
+           "(APIServer pid=7) ERROR 12-05 02:00:01 [async_llm.py:1] EngineDeadError: EngineCore encountered an issue.\n"
+           '(APIServer pid=7) INFO:     127.0.0.1:1 - "POST /v1/chat/completions HTTP/1.1" 500 Internal Server Error\n')
+    t = run_text(log)
+    assert t.exit_code == 2 and t.first_failure.id == "unexplained-failure" and "head_dim=16" in t.first_failure.text
 
 
 V = "(Worker_TP0 pid=5231) ERROR 12-02 18:15:40 [multiproc_executor.py:962] "
@@ -253,6 +285,19 @@ VARIANTS = [
     ("(APIServer pid=1) WARNING 12-02 18:00:00 [topk_topp_sampler.py:61] FlashInfer top-p/top-k sampling not "
      "supported on compute capability 7.5; falling back to PyTorch-native sampler.\n",
      "flashinfer-sampler-fallback", "harmless"),
+    # huggingface_hub's GatedRepoError as vLLM's API server prints it (issue 29: verdict was OK, exit 0)
+    ("(APIServer pid=1) huggingface_hub.errors.GatedRepoError: 401 Client Error. (Request ID: Root=1-x)\n"
+     "(APIServer pid=1) Cannot access gated repo for url https://huggingface.co/meta-llama/Llama-3.1-8B/resolve/"
+     "main/config.json.\n(APIServer pid=1) Access to model meta-llama/Llama-3.1-8B is restricted. You must have "
+     "access to it and be authenticated to access it. Please log in.\n", "gated-repo", "fatal"),
+    ("(EngineCore_DP0 pid=5) ValueError: Free memory on device cuda:0 (3.12/21.48 GiB) on startup is less than "
+     "desired GPU memory utilization (0.9, 19.33 GiB). Decrease GPU memory utilization or reduce GPU memory used "
+     "by other processes.\n", "gpu-memory-busy", "fatal"),
+    ("(APIServer pid=1) ValueError: Invalid repository ID or local directory specified: '/data/qwen/missing'.\n",
+     "model-not-found", "fatal"),
+    ("caovan-vllm-serve: error: runtime=FAIL: torch: torch 2.11.0 has no CUDA build\n", "caovan-launch-stopped",
+     "fatal"),
+    ("AssertionError\n", "unexplained-failure", "fatal"),
 ]
 
 
@@ -277,7 +322,7 @@ def test_an_unknown_exception_is_the_first_failure_when_the_engine_dies():
     text = (TB + V + '  File "/opt/x.py", line 3, in forward\n' + V + "ZeroDivisionError: division by zero\n"
             + "(APIServer pid=1) ERROR 12-02 18:15:41 [async_llm.py:704] AsyncLLM output_handler failed.\n")
     t = run_text(text)
-    assert t.first_failure.id == "unknown" and t.first_failure.line == 3
+    assert t.first_failure.id == "unexplained-failure" and t.first_failure.line == 3
     assert "ZeroDivisionError" in t.first_failure.text
 
 

@@ -8,7 +8,7 @@ from caovan_vllm_sm75_turbo3.errors import SettingError
 from caovan_vllm_sm75_turbo3.warmup.ladder import (CONTEXT_MARGIN, LadderConfig, build_ladder, check_timeout_patterns,
                                                    concurrency_levels, parse_timeout, prefill_lengths, timeout_for,
                                                    warm_pass)
-from caovan_vllm_sm75_turbo3.warmup.prompts import MAX_FIT_ROUNDS, chat_messages, filler, fit_prompt
+from caovan_vllm_sm75_turbo3.server_api.prompts import MAX_FIT_ROUNDS, chat_messages, filler, fit_prompt
 
 from helpers.fake_vllm_server import render_chat, tokenize
 

@@ -17,6 +17,7 @@ from typing import Any
 from .caches.key import env_key
 from .caches.layout import KeyDir, checked_root, existing_keys, is_empty, prepare
 from .config import Settings, load_settings
+from .policy.banner import NOTHING_APPLIED
 from .policy.guards import CacheState
 from .policy.launch_fill import LaunchFill, fill_launch
 from .policy.plan import FilledArg, Plan, make_plan
@@ -122,6 +123,13 @@ def _with_fill(plan: Plan, fill: LaunchFill | None) -> Plan:
 
 
 def apply_env(plan: Plan, environ: MutableMapping[str, str], applied_by: str) -> None:
-    """Set the plan's variables (never one the user set) and the mark children recognise."""
-    environ.update(plan.env_updates())
-    environ[APPLIED_MARK] = applied_by
+    """Set the plan's variables (never one the user set) and the mark children recognise; the mark
+    says when nothing was set, so that no child claims guards it does not have."""
+    updates = plan.env_updates()
+    environ.update(updates)
+    if updates:
+        environ[APPLIED_MARK] = applied_by
+    else:
+        why = ("no SM75 GPU visible" if not plan.sm75_gpus
+               else "every variable was the user's or not needed")
+        environ[APPLIED_MARK] = f"{applied_by}{NOTHING_APPLIED}{why}"

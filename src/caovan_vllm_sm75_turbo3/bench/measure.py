@@ -19,8 +19,9 @@ from functools import partial
 from typing import Any
 
 from ..errors import CaovanError, SettingError
-from ..warmup.client import Deadline, Reply, ServerClient, StepError
-from ..warmup.prompts import FittedPrompt, PromptFitter, chat_messages, short_question
+from ..server_api.client import Reply, ServerClient
+from ..server_api.transport import Deadline, StepError
+from ..server_api.prompts import FittedPrompt, PromptFitter, chat_messages, short_question
 
 EXIT_RUN_FAILED = 1
 SHORT_PROMPT = 128
@@ -165,9 +166,12 @@ class Bench:
         return self.client.tokenize({"model": self.config.model, "messages": messages}, limit)
 
     def _body(self, text: str, max_tokens: int) -> dict[str, Any]:
-        # ignore_eos: exactly max_tokens are generated, whatever the model would say.
+        # ignore_eos: exactly max_tokens are generated, whatever the model would say. return_token_ids
+        # (vLLM 0.21+): a chunk for every token, also those that decode to no text, so TTFT and decode
+        # time are the tokens', not the first visible text's.
         return {"model": self.config.model, "messages": chat_messages(text), "max_tokens": max_tokens,
-                "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+                "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
+                "return_token_ids": True}
 
     def _send(self, body: dict[str, Any], label: str) -> Reply:
         return self.client.chat(body, Deadline.after(self.config.request_timeout_s), f"caovan-bench:{label}")

@@ -55,12 +55,14 @@ class BenchReport:
     expected: dict[str, Any] | None
     causes: list[dict[str, str]] | None
     notes: list[str] = field(default_factory=list)
+    server_metrics: dict[str, Any] | None = None   # the server's own /metrics over the run (metrics.server_figures)
 
     def to_dict(self) -> dict[str, Any]:
         """The `--json` object."""
         return {"server": self.server, "settings": self.settings, "runs": self.runs,
                 "mtp_acceptance": self.mtp.to_dict() if self.mtp else None, "profile": self.profile,
-                "expected": self.expected, "causes": self.causes, "notes": self.notes}
+                "expected": self.expected, "causes": self.causes, "notes": self.notes,
+                "server_metrics": self.server_metrics}
 
 
 def _num(value: Any, fmt: str) -> str:
@@ -92,12 +94,27 @@ def print_report(report: BenchReport, out: IO[str]) -> None:
         print(line, file=out)  # whole lines, never wrapped: people grep them
 
 
+def _server_line(report: BenchReport) -> str:
+    """The server's own figures over the run, beside ours (medians over every stream of the table)."""
+    m = report.server_metrics
+    if m is None:
+        return "server /metrics over the run: none (no readable /metrics, or no request counted there)"
+    ttft = [r["ttft_s"] for r in report.runs if r["ttft_s"] is not None]
+    decode = [r["decode_tok_s"] for r in report.runs if r["decode_tok_s"] is not None]
+    ours_ttft = f"; ours {statistics.median(ttft):.3f} s" if ttft else ""
+    ours_decode = f"; ours {statistics.median(decode):.1f}" if decode else ""
+    return (f"server /metrics over the run: {m['requests']} requests, TTFT mean {_num(m['ttft_s'], '.3f')} s"
+            f"{ours_ttft}, decode {_num(m['decode_tok_s'], '.1f')} tok/s per stream (1 / mean inter-token "
+            f"latency){ours_decode}, {_num(m['generation_tokens'], '.0f')} tokens generated")
+
+
 def summary_lines(report: BenchReport) -> list[str]:
     """The lines under the table: MTP acceptance, the comparison, the likely causes, the notes."""
     lines = []
     mtp = report.mtp
     lines.append("MTP acceptance: " + (f"{mtp.rate:.1%} ({mtp.accepted:.0f} of {mtp.draft:.0f} draft tokens)"
                                        if mtp else "none (the server reports no speculative-decoding counters)"))
+    lines.append(_server_line(report))
     lines.append(f"profile: {report.profile['why']}")
     exp = report.expected
     if exp:

@@ -11,15 +11,19 @@ from ..errors import SettingError
 from ..policy.profiles import load_table
 from ..runtime.facts import Facts
 from ..runtime.probe import load_facts
-from ..warmup.client import Deadline, ServerClient, StepError, is_loopback
-from ..warmup.readiness import wait_until_ready
+from ..server_api.address import is_loopback
+from ..server_api.client import ServerClient
+from ..server_api.transport import Deadline, StepError
+from ..server_api.readiness import wait_until_ready
 from .expected import compare, match_profile, no_expected_reason
 from .measure import Bench, BenchConfig, BenchFailed, default_concurrency, default_prompt_tokens
-from .metrics import acceptance, read_counters
+from .metrics import acceptance, read_counters, server_figures
+from .prefix_probe import OUTPUT_TOKENS as PROBE_OUTPUT, PrefixProbe, run_prefix_probe
 from .report import BenchReport, summarize
 from .server_args import learn_max_num_seqs
 
 _MODELS_TIMEOUT_S = 10.0
+PROBE_PROMPT_TOKENS = 4096   # the prefix probe's default prompt, capped by the server's max_model_len
 _POLL_S = 0.5
 
 
@@ -74,9 +78,24 @@ def run_bench(opts: BenchOptions, say: Callable[[str], None]) -> BenchReport:
         settings={"prompt_tokens": list(lengths), "output_tokens": opts.output_tokens,
                   "concurrency": list(concurrency), "repeats": opts.repeats,
                   "token_lengths": bench.fitter.token_lengths},
-        runs=rows, mtp=mtp, profile={}, expected=None, causes=None, notes=notes)
+        runs=rows, mtp=mtp, profile={}, expected=None, causes=None, notes=notes,
+        server_metrics=server_figures(before, after))
     _explain(report, opts, root, mtp is not None)
     return report
+
+
+def run_probe(opts: BenchOptions, say: Callable[[str], None]) -> tuple[dict, PrefixProbe]:
+    """The prefix probe alone (--prefix-probe): (the server's description, the probe). Raises as run_bench."""
+    with ServerClient(opts.api_base, opts.api_key, max_connections=1) as client:
+        ready = wait_until_ready(client, opts.model, opts.wait_s, _POLL_S,
+                                 lambda what, waited: say(f"waiting {waited:.0f} s for {what}"))
+        length = opts.prompt_tokens[0] if opts.prompt_tokens else PROBE_PROMPT_TOKENS
+        if not opts.prompt_tokens and ready.max_model_len is not None:
+            length = max(8, min(length, ready.max_model_len - PROBE_OUTPUT - 64))  # room for the chat template
+        _check_fits((length,), PROBE_OUTPUT, ready.max_model_len)
+        probe = run_prefix_probe(client, ready.model, length, opts.request_timeout_s, say)
+    server = {"api_base": client.api_base, "model": ready.model, "max_model_len": ready.max_model_len}
+    return server, probe
 
 
 def _check_fits(lengths: tuple[int, ...], output_tokens: int, max_model_len: int | None) -> None:

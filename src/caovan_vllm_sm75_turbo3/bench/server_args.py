@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 import psutil
 
-from ..warmup.client import is_loopback
+from ..server_api.address import is_loopback
 
 FLAG = "--max-num-seqs"
 

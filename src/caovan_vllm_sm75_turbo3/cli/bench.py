@@ -10,10 +10,11 @@ from collections.abc import Sequence
 
 from .. import __version__
 from ..bench.measure import DEFAULT_PROMPTS
+from ..errors import SettingError
 from ..bench.plot import require_matplotlib, write_plot
 from ..bench.report import print_report
-from ..bench.runner import BenchOptions, run_bench
-from ..warmup.client import api_key_from, normalize_api_base
+from ..bench.runner import BenchOptions, run_bench, run_probe
+from ..server_api.address import api_key_from, normalize_api_base
 from .common import OneLineParser, print_json, run_cli, seconds, whole_number
 
 PROG = "caovan-sm75-bench"
@@ -59,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="FILE.png",
                    help="write decode tok/s against context length per concurrency as a PNG (needs the "
                         "[plot] extra: matplotlib)")
+    p.add_argument("--prefix-probe", action="store_true",
+                   help="instead of the speed runs: send one long prompt (the first --prompt-tokens, default "
+                        "4096 capped by max_model_len) twice and report the prefix-cache hits the server counts "
+                        "and the TTFT ratio (hybrid GDN models with MTP are known to lose their hits)")
     p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     return p
 
@@ -69,6 +74,8 @@ def _say(line: str) -> None:
 
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(argv)
+    if args.plot and args.prefix_probe:
+        raise SettingError("--plot draws the speed runs, and --prefix-probe runs none: give one of them")
     if args.plot:
         require_matplotlib()  # before any request: a missing extra is bad input
     api_base = normalize_api_base(args.api_base)
@@ -78,6 +85,13 @@ def main(argv: Sequence[str]) -> int:
                         output_tokens=args.output_tokens,
                         concurrency=tuple(sorted(set(args.concurrency))) if args.concurrency else None,
                         repeats=args.repeats, wait_s=args.wait, request_timeout_s=args.timeout, facts=args.facts or "")
+    if args.prefix_probe:
+        server, probe = run_probe(opts, _say)
+        if args.json:
+            print_json({"server": server, "prefix_probe": probe.to_dict()})
+        else:
+            print("\n".join(probe.lines()))
+        return 0
     report = run_bench(opts, _say)
     report.settings["api_key"] = key_source
     if args.plot:

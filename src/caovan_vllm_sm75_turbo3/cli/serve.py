@@ -42,8 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Exit codes: --dry-run/--json 0, also when the plan says the launch would stop for "
                "runtime=FAIL or require-turbo3 (the dry run did its job), but 2 for bad input, including "
                "refused vLLM arguments (the plan is printed first, with the refusal); a launch exits 2 "
-               "for bad input, runtime=FAIL or a require-turbo3 refusal (before vLLM starts); otherwise "
-               "vLLM's own.")
+               "for bad input, runtime=FAIL (where an SM75 GPU is visible) or a require-turbo3 refusal "
+               "(before vLLM starts); otherwise vLLM's own. Without a visible SM75 GPU nothing of ours "
+               "applies: vLLM is started untouched.")
     p.add_argument("--dry-run", action="store_true",
                    help="print the plan (environment changes with reasons, final argv) and exit; writes nothing")
     p.add_argument("--json", action="store_true", help="print the plan as one JSON object and exit (implies --dry-run)")
@@ -114,7 +115,12 @@ def plan_text(plan: Plan, program: str | None, stop: str | None) -> list[str]:
     lines = banner_lines(plan)
     lines.append("argv: " + shlex.join(plan.argv))
     lines.append("vllm_program: " + (program or "not found (a launch would stop)"))
-    lines.append(f"launch: would stop: {stop}" if stop else "launch: would exec vLLM with the environment above")
+    if stop:
+        lines.append(f"launch: would stop: {stop}")
+    elif plan.active and not plan.sm75_gpus:
+        lines.append("launch: would exec vLLM untouched (no SM75 GPU visible: nothing of ours applies)")
+    else:
+        lines.append("launch: would exec vLLM with the environment above")
     lines.append("dry run: nothing was written and vLLM was not started")
     return lines
 

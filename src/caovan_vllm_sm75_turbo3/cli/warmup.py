@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import IO, Any
 
 from .. import __version__
-from ..warmup.client import api_key_from, normalize_api_base
+from ..server_api.address import api_key_from, normalize_api_base
 from ..warmup.ladder import (MAX_SECONDS, LadderConfig, Step, build_ladder, check_timeout_patterns, parse_timeout,
                              warm_pass)
 from ..warmup.report import FAILED, OK, SKIPPED, ServerReport, StepResult

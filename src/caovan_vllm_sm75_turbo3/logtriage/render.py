@@ -47,6 +47,8 @@ def render_text(t: Triage) -> str:
         out.append(f"  check {check}")
     if c.processes:
         out.append(f"  guards applied in {c.processes} vLLM processes")
+    if c.inactive_processes:
+        out.append(f"  nothing of ours applied in {c.inactive_processes} vLLM processes")
     for state, count in c.states.items():
         out.append(f"  {state}" + (f" ({count} processes)" if count > 1 else ""))
     if c.warmup:

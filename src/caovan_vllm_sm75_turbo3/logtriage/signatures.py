@@ -30,6 +30,17 @@ class Role(str, enum.Enum):
 
 
 @dataclass(frozen=True)
+class Wording:
+    """How one release range of vLLM words a message: `text` is one literal piece of the message as
+    its source writes it (no format fields), found in `source` of every release in `releases`
+    ("0.21-0.34"); the serve, full and vllm034 test lanes check it in the vLLM they have."""
+
+    text: str
+    releases: str
+    source: str
+
+
+@dataclass(frozen=True)
 class Signature:
     """One known message.
 
@@ -58,6 +69,12 @@ class Signature:
     otherwise: str | None = None
     fixes_by_phase: dict[str, str] = field(default_factory=dict)
     shown: str = ""
+    wordings: tuple[Wording, ...] = ()   # vLLM's own wordings of the message, by release; each is a needle too
+
+    def __post_init__(self) -> None:
+        extra = tuple(w.text for w in self.wordings if w.text not in self.needles)
+        if extra:
+            object.__setattr__(self, "needles", self.needles + extra)
 
     def matches(self, text: str) -> dict[str, str] | None:
         """The details of a match in `text` ({} when it has none), or None."""
@@ -92,6 +109,101 @@ SAMPLER_FIX = ("Keep the FlashInfer sampler guard on: CAOVAN_FLASHINFER_SAMPLER=
                "sampler only where its test build works.")
 
 SIGNATURES: tuple[Signature, ...] = (
+    # Not spotted by a needle: triage adds it at the first unexplained exception, AssertionError,
+    # CRITICAL line or fatal signal of a log that never became ready and names no known cause.
+    Signature(
+        id="unexplained-failure",
+        shown=("an exception, `AssertionError`, `CRITICAL` line or fatal signal (`Segmentation fault`, "
+               "`Fatal Python error`, ...) in a log that never became ready, when no known cause is found"),
+        title="the server never became ready: an error of no known cause",
+        needles=(),
+        rule=Rule.FATAL, role=Role.CAUSE,
+        cause="No known cause: this is the first error of a start that never became ready, which is usually the root cause.",
+        fix=("Read the lines around it; search the vLLM issues for its last line, and report it to us with the "
+             "log if it is about SM75.")),
+    # -- failures before the engine exists: the API server's own traceback, no EngineCore lines --
+    # Python's OSError for bind(); uvicorn and vLLM's API server raise it as it is.
+    Signature(
+        id="address-in-use",
+        title="the port is taken: another server already listens on it",
+        needles=("Address already in use",),
+        extract=re.compile(r"\(\s*'?(?P<host>[\w.:\[\]-]*)'?,\s*(?P<port>\d+)\)|port (?P<port_word>\d+)"),
+        rule=Rule.FATAL, role=Role.CAUSE,
+        cause=("Another process already listens on the address vLLM was asked to serve on (usually a vLLM "
+               "still running from an earlier start), so the API server stopped before any engine started."),
+        fix=("Stop the other server (`ss -ltnp` names the process on the port) or start this one with "
+             "another --port.")),
+    # vllm/transformers_utils/config.py (model path checks); huggingface_hub's HFValidationError and
+    # RepositoryNotFoundError when a path that does not exist is taken for a repository id.
+    Signature(
+        id="model-not-found",
+        shown=("`Invalid repository ID or local directory specified`, `HFValidationError`, "
+               "`RepositoryNotFoundError`, `is not a local folder and is not a valid model identifier`"),
+        title="vLLM could not find the model",
+        needles=("HFValidationError", "RepositoryNotFoundError", "Repository Not Found",
+                 "is not a local folder and is not a valid model identifier"),
+        wordings=(Wording("Invalid repository ID or local directory specified:", "0.21-0.34",
+                          "vllm/transformers_utils/config.py"),),
+        extract=re.compile(r"specified: '(?P<model>[^']*)'|: '(?P<repo>[^']*)'\.? Use `repo_type`"),
+        rule=Rule.FATAL, role=Role.CAUSE,
+        cause=("The model argument is neither a local folder holding a config.json nor a Hugging Face "
+               "repository id that could be reached, so vLLM stopped before any engine started."),
+        fix=("Give the absolute path of the model folder (the one holding config.json), or a repository id "
+             "that exists; a machine without internet needs the local path (HF_HUB_OFFLINE=1).")),
+    # huggingface_hub.errors.GatedRepoError (HTTP 401/403 on a gated repository).
+    Signature(
+        id="gated-repo",
+        shown="`GatedRepoError`, `Cannot access gated repo`, `Access to model ... is restricted`",
+        title="the model is gated: no access with this token",
+        needles=("GatedRepoError", "Cannot access gated repo", "is restricted. You must have access"),
+        rule=Rule.FATAL, role=Role.CAUSE,
+        cause=("The model's repository on the Hub is gated: downloading needs a token of an account that "
+               "accepted the model's licence, and none (or another one) was sent."),
+        fix=("Accept the licence on the model's page, then `huggingface-cli login` or set HF_TOKEN; or "
+             "download the model once and serve its local folder.")),
+    # argparse, through vLLM's FlexibleArgumentParser: "vllm serve: error: unrecognized arguments: ...".
+    Signature(
+        id="bad-argument",
+        shown="`vllm serve: error: <what>` (argparse)",
+        title="vLLM refused its command line",
+        needles=(": error: unrecognized arguments", ": error: argument ", ": error: the following arguments"),
+        confirm=re.compile(r"\bvllm(?: [\w-]+)?: error: (?P<what>.+)"),
+        rule=Rule.FATAL, role=Role.CAUSE,
+        cause="vLLM's argument parser refused a flag (this release does not know it) or a value.",
+        fix=("`vllm serve --help=all` lists this release's flags; `caovan-vllm-serve --dry-run ...` checks "
+             "a command line against the installed vLLM's own parser before anything starts.")),
+    # vllm/v1/core/kv_cache_utils.py check_enough_kv_cache_memory (0.21: "model's"/"models's" by release).
+    Signature(
+        id="kv-cache-too-small",
+        shown=("`... KV cache is needed, which is larger than the available KV cache memory`, "
+               "`No available memory for the cache blocks`"),
+        title="the KV cache cannot hold one request of --max-model-len tokens",
+        needles=(),
+        wordings=(Wording("cache is needed, which is larger than the available KV cache", "0.21-0.34",
+                          "vllm/v1/core/kv_cache_utils.py"),
+                  Wording("No available memory for the cache blocks. ", "0.21-0.34",
+                          "vllm/v1/core/kv_cache_utils.py")),
+        extract=re.compile(r"max seq len \((?P<max_model_len>\d+)\), \((?P<needed>[\d.]+) GiB KV cache is needed"
+                           r".*?KV cache memory \((?P<available>[\d.]+) GiB\)"
+                           r"(?:.*?estimated maximum model length is (?P<estimated_max_len>\d+))?"),
+        rule=Rule.FATAL, role=Role.CAUSE,
+        cause=("The memory left for the KV cache after the weights and the profile run is smaller than one "
+               "request of --max-model-len tokens needs."),
+        fix=("Lower --max-model-len, or give the cache more room: fp8 KV (--kv-cache-dtype fp8), more GPUs "
+             "(--tensor-parallel-size), a slightly higher --gpu-memory-utilization; on vLLM's CPU build the "
+             "cache size is VLLM_CPU_KVCACHE_SPACE (GiB).")),
+    # vllm/v1/worker/utils.py (request_memory): another process holds GPU memory at start.
+    Signature(
+        id="gpu-memory-busy",
+        title="less GPU memory is free at start than --gpu-memory-utilization asks for",
+        needles=(),
+        wordings=(Wording("is less than desired GPU memory utilization", "0.21-0.34", "vllm/v1/worker/utils.py"),),
+        extract=re.compile(r"\((?P<free>[\d.]+)/(?P<total>[\d.]+) GiB\) on startup is less than desired GPU memory "
+                           r"utilization \((?P<utilization>[\d.]+),"),
+        rule=Rule.FATAL, role=Role.CAUSE,
+        cause="Another process holds memory on the GPU, so the share vLLM was told to take is not free.",
+        fix=("Stop the other process (nvidia-smi lists it), or lower --gpu-memory-utilization below the free "
+             "share.")),
     # vllm/distributed/device_communicators/shm_broadcast.py LONG_WAIT_TIME_LOG_MSG (INFO; older
     # releases said "in %s second." at DEBUG).
     Signature(
@@ -226,25 +338,23 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature(
         id="cuda-oom",
         title="the GPU ran out of memory",
-        needles=("CUDA out of memory", "OutOfMemoryError", "Failed to load model - not enough GPU memory",
-                 "No available memory for the cache blocks",
-                 "cache is needed, which is larger than the available KV cache memory"),
-        extract=re.compile(r"Tried to allocate (?P<tried>[\d.]+ [KMG]iB)"
-                           r"|estimated maximum model length is (?P<estimated_max_len>\d+)"),
+        needles=("CUDA out of memory", "OutOfMemoryError", "Failed to load model - not enough GPU memory"),
+        extract=re.compile(r"Tried to allocate (?P<tried>[\d.]+ [KMG]iB)(?:\. GPU \d+ has a total capacity of "
+                           r"(?P<total>[\d.]+ [KMG]iB).*?Of the allocated memory (?P<allocated>[\d.]+ [KMG]iB))?"),
         rule=Rule.FATAL, role=Role.CAUSE,
         cause="The memory the start-up step needed was not free on the GPU.",
         fix=("Lower --gpu-memory-utilization by 0.02-0.05 or --max-num-seqs / --max-num-batched-tokens; "
              "`caovan-vllm-serve` fills these from the hardware profile (CAOVAN_PROFILE=auto). Check that "
              "nothing else holds GPU memory (nvidia-smi)."),
         fixes_by_phase={
-            "load": ("The weights do not fit: use a quantized checkpoint (AWQ INT4), more GPUs "
-                     "(--tensor-parallel-size 2), and check nvidia-smi for other processes on the GPU."),
+            "load": ("The weights alone do not fit, so a lower --gpu-memory-utilization cannot help: use a "
+                     "quantised checkpoint (AWQ/GPTQ INT4), --dtype half where the checkpoint is float32, or "
+                     "more GPUs (--tensor-parallel-size 2); check nvidia-smi for other processes on the GPU."),
             "profile": ("The profile run (one forward pass of --max-num-batched-tokens tokens) did not fit: "
                         "lower --max-num-batched-tokens (e.g. 4096) and --max-num-seqs; "
                         "`caovan-vllm-serve` takes them from the hardware profile (CAOVAN_PROFILE=auto)."),
-            "kv-cache": ("The KV cache for --max-model-len does not fit in what is left: lower --max-model-len "
-                         "(the line above may give the estimated maximum), raise --gpu-memory-utilization a "
-                         "little, or use fp8 KV on vLLM 0.21-0.23 (--kv-cache-dtype fp8)."),
+            "kv-cache": ("The KV cache did not fit in what is left: lower --max-model-len or --max-num-seqs, "
+                         "or use fp8 KV (--kv-cache-dtype fp8)."),
             "graph-capture": ("CUDA-graph capture needs memory beyond the KV cache: lower "
                               "--gpu-memory-utilization by 0.02-0.05, capture fewer sizes (--compilation-config "
                               "'{\"cudagraph_mode\":\"PIECEWISE\",\"cudagraph_capture_sizes\":[1,2,4,8]}'), "
@@ -306,11 +416,14 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature(
         id="caovan-runtime-fail",
         shown='the banner line `runtime=FAIL`',
-        title="our launcher's checks failed (runtime=FAIL)",
+        title="our plugin's checks failed (runtime=FAIL)",
         needles=("runtime=FAIL",),
         confirm=re.compile(r"^(?:\[Caovan\] )?runtime=FAIL\b"),
-        rule=Rule.FATAL, role=Role.CAUSE,
-        cause="A runtime check failed (no Turing GPU, driver too old for torch's CUDA, too little host memory, ...).",
+        # Information about our plugin, never the engine's failure: where the launcher stopped, its own
+        # line (caovan-launch-stopped) says so; triage judges this harmless without an SM75 GPU.
+        rule=Rule.WARNING, role=Role.CAUSE,
+        cause=("A check of our plugin failed (no Turing GPU, driver too old for torch's CUDA, too little host "
+               "memory, ...): our accelerated paths may be off; vLLM itself may still serve."),
         fix="Run `caovan-sm75-doctor`: it names the failing check and its remedy."),
     Signature(
         id="caovan-runtime-warn",
@@ -343,6 +456,17 @@ SIGNATURES: tuple[Signature, ...] = (
                "cannot be active, and it cannot (the reason is on the line); or runtime=FAIL stopped the launch."),
         fix=("Fix the reason on the line, or unset CAOVAN_REQUIRE_TURBO3 / drop caovan_require_turbo3 to start "
              "on vLLM's own kernels; `caovan-vllm-serve --dry-run` shows the plan without starting.")),
+    # cli/common.py run_cli: "caovan-vllm-serve: error: <why>", the launcher stopping before vLLM.
+    Signature(
+        id="caovan-launch-stopped",
+        shown="`caovan-vllm-serve: error: <why>`",
+        title="our launcher stopped before vLLM started",
+        needles=("caovan-vllm-serve: error: ",),
+        confirm=re.compile(r"caovan-vllm-serve: error: (?P<reason>.+)"),
+        rule=Rule.FATAL, role=Role.CAUSE,
+        cause="caovan-vllm-serve found a reason not to start vLLM (it is on the line) and exited with code 2.",
+        fix=("Fix the reason on the line; `caovan-vllm-serve --dry-run ...` shows the whole plan without "
+             "starting anything.")),
     Signature(
         id="caovan-plugin-inactive",
         title="our plugin is inactive in a process",

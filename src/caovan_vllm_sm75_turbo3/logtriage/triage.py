@@ -24,7 +24,8 @@ WARMUP_LINE = re.compile(r"\[Caovan\] (?P<line>warmup=\S+.*)$")
 BANNER_MORE = ("env.", "arg ", "check ", "warning: ", "note: ", "refused: ")
 # Our per-process status lines (plugin/): summarised, never judged as failures themselves.
 GDN_STATE = re.compile(r"^Caovan SM75 Turbo3 GDN prefill: (?P<state>gdn_legacy=\S+ interface=.*)$")
-WORKER_LINE = re.compile(r"^Caovan SM75 Turbo3 v\S+: guards from .+ apply in this process")
+WORKER_LINE = re.compile(r"^Caovan SM75 Turbo3 v\S+: (?P<what>guards from .+ apply|nothing of ours applies) "
+                         r"in this process")
 TURBO_LINE = re.compile(r"^Caovan SM75 Turbo3: (?P<state>turbo=.*)$")
 MAX_STATES = 16           # distinct per-process state lines kept
 ACCESS = re.compile(r'"(?P<method>[A-Z]+) (?P<path>\S+) HTTP/[\d.]+" (?P<status>\d{3})\b')
@@ -34,6 +35,9 @@ KERNEL_LAUNCH = re.compile(r"(?P<kernel>\w+)\[[^\]]*\]\(")
 FRAME = re.compile(r'File "(?P<path>[^"]+)", line \d+, in (?P<func>\w+)')
 EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(?::|$)")
 NOT_FAILURES = ("KeyboardInterrupt", "SystemExit", "CancelledError")
+# Lines that end a process without a Python exception: the interpreter's and the shell's words for signals.
+FATAL_SIGNAL = re.compile(r"Fatal Python error|Segmentation fault|\bSIG(?:SEGV|ABRT|BUS|ILL|FPE)\b|core dumped"
+                          r"|terminated by signal|died with signal")
 # Every needle with its signature's position: one pass of `in` over these picks the candidates,
 # which is what keeps a 20 MB log at seconds.
 _NEEDLES: tuple[tuple[str, int], ...] = tuple((n, i) for i, sig in enumerate(SIGNATURES) for n in sig.needles)
@@ -66,7 +70,8 @@ PHASE_WORDS: dict[str, str] = {
 STATUS_MEANINGS: dict[tuple[str, str], str] = {
     ("runtime", "PASS"): "our runtime checks passed",
     ("runtime", "WARN"): "a runtime check warned (caovan-sm75-doctor says which)",
-    ("runtime", "FAIL"): "a runtime check failed: the launch stops (caovan-sm75-doctor says which)",
+    ("runtime", "FAIL"): ("a check of our plugin failed (caovan-sm75-doctor says which): caovan-vllm-serve stops "
+                          "where an SM75 GPU is visible; elsewhere nothing of ours applies"),
     ("flashinfer_sampler", "disabled-sm75-guard"): "FlashInfer sampler off by the SM75 guard (PyTorch sampler)",
     ("post_start_warmup", "disabled-default"): "no automatic warmup: run caovan-sm75-warmup after start",
     ("gdn_legacy", "disabled-by-user"): "vLLM's own GDN prefill kept (CAOVAN_GDN_LEGACY_DISABLE=1)",
@@ -114,6 +119,7 @@ class CaovanSummary:
     warmup: str | None = None
     warmup_line: int | None = None
     processes: int = 0                                   # worker lines: guards applied in a process
+    inactive_processes: int = 0                          # worker lines: nothing of ours applies there
     states: dict[str, int] = field(default_factory=dict)  # GDN prefill / turbo state line -> count
 
     def meanings(self) -> dict[str, str]:
@@ -130,7 +136,8 @@ class CaovanSummary:
     def to_dict(self) -> dict[str, object]:
         return {"version": self.version, "line": self.line, "banners": self.banners, "status": self.status,
                 "meanings": self.meanings(), "checks": self.checks, "warmup": self.warmup,
-                "warmup_line": self.warmup_line, "processes": self.processes, "states": self.states}
+                "warmup_line": self.warmup_line, "processes": self.processes,
+                "inactive_processes": self.inactive_processes, "states": self.states}
 
 
 @dataclass
@@ -213,6 +220,9 @@ class _Reader:
         self.pending: list[_Hit] = []
         self.frame_hits: dict[str | None, _Hit] = {}   # process -> a match in its open traceback's frames
         self.first_unknown: tuple[LogLine, str] | None = None
+        # The first alarm of any kind not explained by a signature: an unknown exception, an
+        # AssertionError, a CRITICAL line, a fatal signal (with its phase), for a start that never got ready.
+        self.first_alarm: tuple[LogLine, str] | None = None
         # Shared-memory waits are judged per episode: from the first wait to what ends it.
         self.wait_open = False
         self.wait_outcome: dict[str, str] = {}   # "harmless"/"fatal" -> the deciding line, first seen
@@ -239,6 +249,9 @@ class _Reader:
                 self._record(frame_hit.sig, frame_hit)
             elif not matched:
                 self._note_unknown_exception(ln, tb_phase)
+        elif not matched and self.first_alarm is None and not own_state and (
+                ln.level == "CRITICAL" or text.startswith("AssertionError") or FATAL_SIGNAL.search(text)):
+            self.first_alarm = (ln, tb_phase or self.phase or "")
         self._track_http(ln)
         if "Application startup complete" in text:
             self.ready_line = self.ready_line or ln.number
@@ -277,8 +290,11 @@ class _Reader:
         elif m := WARMUP_LINE.search(text):
             if c.warmup is None or c.warmup.startswith("warmup=READY"):
                 c.warmup, c.warmup_line = m.group("line")[:MAX_TEXT], ln.number
-        elif WORKER_LINE.match(text):
-            c.processes += 1
+        elif m := WORKER_LINE.match(text):
+            if m.group("what") == "nothing of ours applies":
+                c.inactive_processes += 1
+            else:
+                c.processes += 1
             return True
         elif m := (GDN_STATE.match(text) or TURBO_LINE.match(text)):
             state = m.group("state")[:MAX_TEXT]
@@ -390,6 +406,7 @@ class _Reader:
     def _note_unknown_exception(self, ln: LogLine, tb_phase: str | None) -> None:
         if self.first_unknown is None and not any(n in ln.text for n in NOT_FAILURES):
             self.first_unknown = (ln, tb_phase or self.phase or "")
+            self.first_alarm = self.first_alarm or self.first_unknown
 
     # -- the end --------------------------------------------------------------------------------
     def finish(self, source: str) -> Triage:
@@ -409,12 +426,37 @@ class _Reader:
             else:
                 wait.status = "harmless"
                 wait.note = f"the server answered afterwards ({self.wait_outcome.get('harmless', '')})"
+        self._judge_own_banner()
+        self._unexplained_failure()
         self._explain_details()
         roles = [r.value for r in Role]
         findings = sorted(self.findings.values(), key=lambda f: (
             ("fatal", "warning", "harmless").index(f.status), roles.index(f.role), f.first_line))
         return Triage(source, self.lines, self.vllm_version, self.ready_line, self.http_ok, self.http_error,
                       self.caovan, self._first_failure(findings), findings)
+
+    def _judge_own_banner(self) -> None:
+        """runtime=FAIL is about our plugin, not the engine: harmless where no SM75 GPU was visible
+        (nothing of ours applies), a warning otherwise; a stopped launch has its own line."""
+        f = self.findings.get("caovan-runtime-fail")
+        if f is not None and self.caovan.status.get("sm75", "").startswith("0/"):
+            f.status = "harmless"
+            f.note = "no SM75 GPU was visible to the plugin: nothing of ours applied, vLLM ran untouched"
+
+    def _unexplained_failure(self) -> None:
+        """A start that never became ready and shows an error nothing explains is a failure of no
+        known cause, never clean."""
+        if self.ready_line is not None or self.first_alarm is None:
+            return
+        if any(f.status == "fatal" and f.role == Role.CAUSE.value for f in self.findings.values()):
+            return
+        ln, phase = self.first_alarm
+        sig = BY_ID["unexplained-failure"]
+        where = f" It happened {PHASE_WORDS[phase]}." if phase in PHASE_WORDS else ""
+        self.findings[sig.id] = Finding(
+            sig.id, sig.title, "fatal", sig.role.value, ln.number, ln.number, 1, ln.text[:MAX_TEXT], ln.process,
+            sig.cause + where, sig.fix.replace("the lines around it", f"the lines around line {ln.number}"),
+            note="the log never shows the server ready")
 
     def _explain_details(self) -> None:
         """Put what the log itself says (numbers, names, the vLLM release) into the advice."""
@@ -432,6 +474,23 @@ class _Reader:
             f.cause = f"{f.cause} It happened {PHASE_WORDS[f.phase]}."
             if "estimated_max_len" in f.details:
                 f.fix += f" vLLM estimates that --max-model-len {f.details['estimated_max_len']} would fit."
+        if f and f.phase == "load" and "total" in f.details and "allocated" in f.details:
+            f.cause += (f" {f.details['allocated']} of the GPU's {f.details['total']} held the weights loaded so "
+                        "far: the weights alone are larger than this GPU's share.")
+        f = self.findings.get("kv-cache-too-small")
+        if f and "needed" in f.details:
+            f.cause = (f"One request of --max-model-len {f.details['max_model_len']} tokens needs "
+                       f"{f.details['needed']} GiB of KV cache; {f.details['available']} GiB is left for it. "
+                       + f.cause)
+            if "estimated_max_len" in f.details:
+                f.fix = f.fix.replace("Lower --max-model-len,", f"Lower --max-model-len to at most "
+                                      f"{f.details['estimated_max_len']} (vLLM's estimate for this memory),", 1)
+        f = self.findings.get("gpu-memory-busy")
+        if f and "free" in f.details:
+            share = float(f.details["free"]) / max(float(f.details["total"]), 1e-9)
+            f.cause = (f"{f.details['free']} of {f.details['total']} GiB was free at start, and "
+                       f"--gpu-memory-utilization {f.details['utilization']} asks for more. " + f.cause)
+            f.fix = f.fix.replace("below the free share", f"below {share:.2f} (the free share)")
         f = self.findings.get("host-oom-kill")
         if f and f.phase in PHASE_WORDS:
             f.cause = f"{f.cause} It happened {PHASE_WORDS[f.phase]}."
@@ -450,10 +509,11 @@ class _Reader:
             return Failure(f.first_line, f.text, f.id, f.cause, f.fix)
         if self.first_unknown is not None:
             ln, phase = self.first_unknown
+            sig = BY_ID["unexplained-failure"]
             where = f" It happened {PHASE_WORDS[phase]}." if phase in PHASE_WORDS else ""
-            return Failure(ln.number, ln.text[:MAX_TEXT], "unknown",
-                           "Not a message this tool knows: this is the first exception in the log, "
-                           "which is usually the root cause." + where,
+            return Failure(ln.number, ln.text[:MAX_TEXT], sig.id,
+                           "No known cause: this is the first exception in the log, which is usually the root "
+                           "cause." + where,
                            f"Read the traceback that ends at line {ln.number}; search the vLLM issues for "
                            "its last line, and report it to us with the log if it is about SM75.")
         f = min(fatal, key=lambda x: (x.role != Role.SYMPTOM.value, x.first_line))

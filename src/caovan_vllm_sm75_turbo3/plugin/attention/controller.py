@@ -21,7 +21,7 @@ from ...config import Settings, load_settings
 from ...errors import CaovanError, Turbo3Refused
 from ...policy import vllm_versions as vv
 from ...policy.turbo import decide_turbo
-from ...runtime.probe import dist_version, load_facts
+from ...runtime.probe import load_facts, vllm_version
 from ..dispatch.after_import import call_after_import
 from ..dispatch.controller import installed_source
 from . import triton_attn_v024
@@ -111,7 +111,7 @@ def install(env: Mapping[str, str] | None = None) -> AttentionInterface | None:
         return None
     if not settings.active or settings.mode == "guards":
         return None
-    version = dist_version("vllm")
+    version = vllm_version()
     if vv.support_status(version) in ("unknown", "too-old", "too-new"):
         say("upstream", "none", f"vLLM {version} is outside the supported releases {vv.SUPPORTED_MIN} to "
             f"{vv.SUPPORTED_MAX_MINOR}.x")

@@ -12,7 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import CaovanError
-from .client import Deadline, Misdirected, Refused, ServerClient, StepError, error_message
+from .client import ServerClient
+from .transport import Deadline, Misdirected, Refused, StepError, error_message
 
 # Exit codes of a readiness failure: the server is not there / died, or the request names something wrong.
 EXIT_NOT_READY = 3

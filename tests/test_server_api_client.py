@@ -7,9 +7,10 @@ import httpx
 import pytest
 
 from caovan_vllm_sm75_turbo3.errors import SettingError
-from caovan_vllm_sm75_turbo3.warmup.client import (Refused, Rejected, Reply, ServerClient, StepError, add_stream_chunk,
-                                                   error_message, is_loopback, normalize_api_base, parse_chat)
-from caovan_vllm_sm75_turbo3.warmup.readiness import EXIT_BAD_INPUT, EXIT_NOT_READY, NotReady, wait_until_ready
+from caovan_vllm_sm75_turbo3.server_api.address import is_loopback, normalize_api_base
+from caovan_vllm_sm75_turbo3.server_api.client import Reply, ServerClient, add_stream_chunk, parse_chat
+from caovan_vllm_sm75_turbo3.server_api.transport import Refused, Rejected, StepError, error_message
+from caovan_vllm_sm75_turbo3.server_api.readiness import EXIT_BAD_INPUT, EXIT_NOT_READY, NotReady, wait_until_ready
 
 from helpers.fake_vllm_server import MODEL, fake  # noqa: F401  (fake is a pytest fixture)
 

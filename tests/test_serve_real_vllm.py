@@ -1,0 +1,237 @@
+"""The serve lane: our commands and verdicts against real `vllm serve` runs (vLLM's CPU build).
+
+Run by `bash scripts/test.sh --serve`. Every server listens on 127.0.0.1 only, every wait has a
+wall-clock limit, every server is ended by pid (its process group) when its fixture ends.
+Tiny random-weight Qwen3 models are made in code (tests/helpers/tiny_model.py). Each run's log is
+triaged here, and kept (paths replaced) under $SERVE_LANE_LOGS when that is set: that is how the
+logs in tests/data/logs/real_*.log were made.
+
+What a CPU machine cannot show: our kernels (no GPU; vLLM's CPU build runs its own CPU kernels,
+Triton off) and a Turing GPU's probe. A facts file makes the plugin take its SM75 decisions, so
+the guards' environment is checked in every vLLM process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from caovan_vllm_sm75_turbo3.logtriage.triage import triage_path
+from helpers.real_vllm import (BIN, Server, free_port, install_env_probe, lane_env, probe_dumps, sanitize,
+                               tree, vllm_serve, without_our_lines)
+from helpers.tiny_model import write_qwen3
+
+pytestmark = pytest.mark.serve
+
+ROOT = Path(__file__).resolve().parents[1]
+FACTS = ROOT / "examples" / "2x2080ti-22g.json"
+MODEL = "tiny"
+CONTEXT = "2048"
+RUN_LIMIT_S = 180.0   # a start that fails must have ended by then
+GUARD_VARS = ["VLLM_USE_FLASHINFER_SAMPLER", "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", "TORCH_CUDA_ARCH_LIST",
+              "TRITON_CACHE_DIR", "VLLM_CACHE_ROOT", "_CAOVAN_APPLIED"]
+ENV_SET = re.compile(r"env\.(?P<var>[A-Z_]+)=(?P<value>\S*) set: ")
+
+
+@pytest.fixture(scope="module")
+def lane(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("serve")
+    logs = Path(os.environ.get("SERVE_LANE_LOGS") or root / "logs")
+    logs.mkdir(parents=True, exist_ok=True)
+    return {"root": root, "logs": logs,
+            # 1,200 of its ~1,650 tokens are special: its replies often decode to no text
+            "tiny": write_qwen3(root / "tiny", reserved=1200),
+            # one request of 262,144 tokens needs 2 GiB of KV cache
+            "fat": write_qwen3(root / "fat", layers=4, kv_heads=8, max_positions=262144)}
+
+
+def _served(server: Server, name: str) -> None:
+    """Count a server that became ready (the lane prints the total)."""
+    record = os.environ.get("SERVE_LANE_RECORD")
+    if record:
+        with open(record, "a") as f:
+            f.write(f"{name} ready in {server.ready_s:.0f} s\n")
+
+
+def _keep(log: Path, lane: dict[str, Path]) -> None:
+    """The log with this machine's paths replaced, as test data would have it."""
+    text = log.read_text(errors="replace")
+    log.write_text(sanitize(text, {str(lane["root"]): "<tmp>", sys.prefix: "<venv>", str(ROOT): "<checkout>"}))
+
+
+def _tail(log: Path) -> str:
+    return log.read_text(errors="replace")[-3000:]
+
+
+def _run(cmd: list[str], timeout: float = 600, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, **kw)
+
+
+# -- a `vllm serve` with our plugin, taking its SM75 decisions from a facts file ---------------------
+
+@pytest.fixture(scope="module")
+def facts_server(lane):
+    probe_out = lane["root"] / "probe-out"
+    probe = install_env_probe(lane["root"] / "probe", probe_out, GUARD_VARS)
+    env = lane_env(lane["root"] / "home-facts", CAOVAN_FACTS=str(FACTS),
+                   CAOVAN_CACHE_DIR=str(lane["root"] / "cache-facts"), PYTHONPATH=str(probe))
+    srv = vllm_serve(lane["tiny"], free_port(), lane["logs"] / "vllm_serve_facts.log", env,
+                     "--served-model-name", MODEL, "--max-model-len", CONTEXT).start()
+    try:
+        assert srv.wait_ready(MODEL), _tail(srv.log)
+        _served(srv, "vllm serve (plugin, facts of 2 x 2080 Ti)")
+        yield srv, probe_out
+    finally:
+        srv.stop()
+        _keep(srv.log, lane)
+
+
+def test_guards_reach_every_vllm_process(facts_server):
+    srv, probe_out = facts_server
+    banner = {m.group("var"): m.group("value") for m in ENV_SET.finditer(srv.log.read_text())}
+    assert banner.get("VLLM_USE_FLASHINFER_SAMPLER") == "0" and "TRITON_CACHE_DIR" in banner
+    dumps = probe_dumps(probe_out)
+    live = [p for p in tree(srv.proc.pid) if "resource_tracker" not in Path(f"/proc/{p}/cmdline").read_text()]
+    assert set(live) <= set(dumps), f"vLLM processes without a probe dump: {set(live) - set(dumps)}"
+    assert len(dumps) >= 3   # API server, engine core, worker
+    for pid, env in dumps.items():
+        for var in GUARD_VARS[:-1]:
+            assert env[var] == banner[var], (pid, var)
+        assert env["_CAOVAN_APPLIED"] == f"vLLM process pid {srv.proc.pid}"
+    workers = re.findall(r"guards from vLLM process pid (\d+) apply in this process \(pid (\d+)\)",
+                         srv.log.read_text())
+    # Every line that claims guards is from a process that has them (a short-lived helper process
+    # may load plugins without vLLM's logging, so it logs nothing).
+    claimed = {int(p) for _, p in workers}
+    assert len(claimed) >= 2 and claimed <= set(dumps) - {srv.proc.pid}
+
+
+def test_warmup_is_ready_although_replies_decode_to_no_text(facts_server):
+    srv, _ = facts_server
+    empty = 0
+    for i in range(12):   # the premise: this model's replies often decode to nothing
+        r = httpx.post(srv.base + "/v1/completions", timeout=60, json={
+            "model": MODEL, "prompt": f"question {i}: what is {i} + {i}?", "max_tokens": 4, "ignore_eos": True,
+            "temperature": 0})
+        choice, usage = r.json()["choices"][0], r.json()["usage"]
+        assert usage["completion_tokens"] == 4
+        empty += choice["text"] == ""
+    assert empty, "the model should generate tokens that decode to no text"
+    r = _run([str(BIN / "caovan-sm75-warmup"), "--api-base", srv.base, "--model", MODEL, "--wait", "30"])
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert r.stdout.rstrip().splitlines()[-1] == "[Caovan] warmup=READY"
+
+
+def _metric(base: str, name: str) -> float:
+    text = httpx.get(base + "/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{") or line.startswith(name + " "))
+
+
+def test_bench_agrees_with_the_servers_metrics_and_plots(facts_server, tmp_path):
+    srv, _ = facts_server
+    plot = tmp_path / "bench.png"
+    r = _run([str(BIN / "caovan-sm75-bench"), "--api-base", srv.base, "--model", MODEL, "--json",
+              "--prompt-tokens", "256", "--output-tokens", "64", "--concurrency", "1", "--repeats", "3",
+              "--plot", str(plot)])
+    assert r.returncode == 0, r.stderr[-2000:]
+    report = json.loads(r.stdout)
+    row = report["runs"][0]
+    server = report["server_metrics"]
+    assert server["requests"] == 3 and server["generation_tokens"] == 3 * 64
+    # Tolerance (docs/bench.md): the same requests seen from both ends; TTFT within 50 % or 25 ms (the
+    # client adds HTTP and detokenisation), decode tok/s per stream within 35 %.
+    assert abs(row["ttft_s"] - server["ttft_s"]) <= max(0.5 * server["ttft_s"], 0.025), (row, server)
+    assert abs(row["decode_tok_s"] - server["decode_tok_s"]) <= 0.35 * server["decode_tok_s"], (row, server)
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 5000
+    text = _run([str(BIN / "caovan-sm75-bench"), "--api-base", srv.base, "--model", MODEL, "--prompt-tokens",
+                 "128", "--output-tokens", "16", "--concurrency", "1", "--repeats", "1"])
+    assert text.returncode == 0 and "server /metrics over the run:" in text.stdout
+
+
+def test_prefix_probe_reports_the_servers_cache_hits(facts_server):
+    srv, _ = facts_server
+    hits_before = _metric(srv.base, "vllm:prefix_cache_hits_total")
+    r = _run([str(BIN / "caovan-sm75-bench"), "--api-base", srv.base, "--model", MODEL, "--json",
+              "--prefix-probe", "--prompt-tokens", "1024"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    probe = json.loads(r.stdout)["prefix_probe"]
+    hits = _metric(srv.base, "vllm:prefix_cache_hits_total") - hits_before
+    assert probe["verdict"] == "hit" and probe["hit_tokens"] == hits and hits >= 512
+    assert probe["prompt_tokens"] >= 1000 and probe["ttft_ratio"] > 0
+
+
+def test_a_second_server_on_the_same_port_is_named(facts_server, lane):
+    srv, _ = facts_server
+    log = lane["logs"] / "vllm_serve_port_in_use.log"
+    second = vllm_serve(lane["tiny"], srv.port, log, lane_env(lane["root"] / "home-port")).start()
+    try:
+        code = second.wait_exit(RUN_LIMIT_S)
+    finally:
+        second.stop()
+    assert code not in (0, None), _tail(log)
+    for t in (triage_path(str(log)), without_our_lines(log)):
+        assert t.exit_code == 2 and t.first_failure.id == "address-in-use", t.to_dict()
+    _keep(log, lane)
+
+
+def test_the_healthy_servers_log_is_not_fatal(facts_server):
+    srv, _ = facts_server
+    t = triage_path(str(srv.log))
+    assert t.ready_line and t.http_ok > 10 and t.verdict in ("clean", "harmless-only"), t.to_dict()
+    assert t.caovan.status["sm75"] == "2/2" and t.caovan.processes >= 2
+
+
+# -- caovan-vllm-serve on this machine, which has no Turing GPU -------------------------------------
+
+def test_launcher_execs_vllm_untouched_and_ctrl_c_ends_every_child(lane):
+    log = lane["logs"] / "caovan_vllm_serve_no_gpu.log"
+    env = lane_env(lane["root"] / "home-launch")
+    srv = vllm_serve(lane["tiny"], free_port(), log, env, "--served-model-name", MODEL, "--max-model-len", CONTEXT,
+                     launcher="caovan-vllm-serve").start()
+    try:
+        assert srv.wait_ready(MODEL), _tail(log)
+        _served(srv, "caovan-vllm-serve (no Turing GPU: vLLM untouched)")
+        assert "vllm" in Path(f"/proc/{srv.proc.pid}/cmdline").read_text()   # the launcher became vLLM
+        processes = tree(srv.proc.pid)
+        assert len(processes) >= 3
+        took, left = srv.interrupt()
+        assert not left, f"still running {took:.0f} s after Ctrl-C: {left}"
+    finally:
+        srv.stop()
+    text = log.read_text()
+    assert "sm75=0/0" in text and "nothing of ours applies in this process" in text
+    assert "guards from" not in text
+    t = triage_path(str(log))
+    assert t.ready_line and t.exit_code == 0 and t.caovan.inactive_processes >= 2, t.to_dict()
+    _keep(log, lane)
+
+
+# -- starts that fail ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name,model,extra,env,cause,words", [
+    ("missing_model", "does-not-exist", (), {}, "model-not-found", "does-not-exist"),
+    ("bad_flag", "tiny", ("--no-such-flag", "3"), {}, "bad-argument", "--no-such-flag"),
+    ("kv_cache_too_small", "fat", (), {"VLLM_CPU_KVCACHE_SPACE": "1"}, "kv-cache-too-small", "at most 131072"),
+])
+def test_failed_starts_are_named(lane, name, model, extra, env, cause, words):
+    log = lane["logs"] / f"vllm_serve_{name}.log"
+    model_dir = lane.get(model, lane["root"] / model)
+    srv = vllm_serve(model_dir, free_port(), log, lane_env(lane["root"] / f"home-{name}", **env), *extra).start()
+    try:
+        code = srv.wait_exit(RUN_LIMIT_S)
+    finally:
+        srv.stop()
+    assert code not in (0, None), _tail(log)
+    for t in (triage_path(str(log)), without_our_lines(log)):
+        assert t.exit_code == 2 and t.ready_line is None, t.to_dict()
+        assert t.first_failure.id == cause, t.to_dict()
+        assert words in t.first_failure.text + t.first_failure.fix
+    _keep(log, lane)
