@@ -32,9 +32,9 @@ def test_installed_vllm_matches_its_committed_row():
 def test_install_arranges_nothing_where_vllm_serves_fp8_itself(monkeypatch):
     from caovan_vllm_sm75_turbo3.plugin.attention import controller
 
-    monkeypatch.setattr(controller, "dist_version", lambda name: "0.21.0")
+    monkeypatch.setattr(controller, "vllm_version", lambda: "0.21.0")
     assert controller.install({}) is None
-    monkeypatch.setattr(controller, "dist_version", lambda name: "0.35.0")
+    monkeypatch.setattr(controller, "vllm_version", lambda: "0.35.0")
     assert controller.install({}) is None
 
 

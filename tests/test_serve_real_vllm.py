@@ -26,7 +26,7 @@ import pytest
 from caovan_vllm_sm75_turbo3.logtriage.triage import triage_path
 from helpers.real_vllm import (BIN, Server, free_port, install_env_probe, lane_env, probe_dumps, sanitize,
                                tree, vllm_serve, without_our_lines)
-from helpers.tiny_model import write_qwen3
+from helpers.tiny_model import write_qwen3, write_qwen3_next
 
 pytestmark = pytest.mark.serve
 
@@ -49,7 +49,8 @@ def lane(tmp_path_factory) -> dict[str, Path]:
             # 1,200 of its ~1,650 tokens are special: its replies often decode to no text
             "tiny": write_qwen3(root / "tiny", reserved=1200),
             # one request of 262,144 tokens needs 2 GiB of KV cache
-            "fat": write_qwen3(root / "fat", layers=4, kv_heads=8, max_positions=262144)}
+            "fat": write_qwen3(root / "fat", layers=4, kv_heads=8, max_positions=262144),
+            "hybrid": write_qwen3_next(root / "hybrid")}
 
 
 def _served(server: Server, name: str) -> None:
@@ -211,6 +212,31 @@ def test_launcher_execs_vllm_untouched_and_ctrl_c_ends_every_child(lane):
     assert "guards from" not in text
     t = triage_path(str(log))
     assert t.ready_line and t.exit_code == 0 and t.caovan.inactive_processes >= 2, t.to_dict()
+    _keep(log, lane)
+
+
+# -- a hybrid GDN model (Qwen3-Next) with the plugin: its per-process GDN line is true there ------------
+
+def test_hybrid_gdn_model_serves_and_our_gdn_line_says_vllms_own(lane):
+    log = lane["logs"] / "vllm_serve_hybrid_gdn.log"
+    srv = vllm_serve(lane["hybrid"], free_port(), log, lane_env(lane["root"] / "home-hybrid"),
+                     "--served-model-name", MODEL, "--max-model-len", CONTEXT, "--mamba-ssm-cache-dtype", "float32")
+    srv.start()
+    try:
+        assert srv.wait_ready(MODEL), _tail(log)
+        _served(srv, "vllm serve of a hybrid GDN model (Qwen3-Next, float32 SSM cache)")
+        r = httpx.post(srv.base + "/v1/completions", timeout=120, json={
+            "model": MODEL, "prompt": "a prompt of a few words " * 40, "max_tokens": 8, "ignore_eos": True})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 8
+    finally:
+        srv.stop()
+    text = log.read_text()
+    # On the CPU vLLM runs its own GDN kernels; the line each worker logs must say so.
+    assert re.search(r"GDN prefill: gdn_legacy=upstream interface=modular-qwen-gdn-v022 kernel=vllm-upstream "
+                     r"why=no SM75 GPU", text), _tail(log)
+    assert "kernel=caovan-gdn-chunk" not in text
+    t = triage_path(str(log))
+    assert t.ready_line and t.exit_code == 0, t.to_dict()
     _keep(log, lane)
 
 

@@ -65,3 +65,20 @@ def write_qwen3(directory: Path, *, layers: int = 2, kv_heads: int = 1, max_posi
         "bos_token_id": None, "eos_token_id": eos, "attention_bias": False}))
     (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
     return directory
+
+
+def write_qwen3_next(directory: Path) -> Path:
+    """A hybrid GDN model (Qwen3-Next: 3 Gated DeltaNet layers, 1 full attention, a small MoE) that
+    vLLM's CPU build serves in bfloat16 with a float32 SSM state cache (`--mamba-ssm-cache-dtype
+    float32`). Qwen3.5/3.6 (`qwen3_5`) cannot even be inspected there: its module imports torchvision."""
+    write_qwen3(directory)
+    config = json.loads((directory / "config.json").read_text())
+    config.update({
+        "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "num_hidden_layers": 4,
+        "full_attention_interval": 4, "attn_output_gate": True, "partial_rotary_factor": 0.25,
+        "rope_theta": 10000000.0, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 64,
+        "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_value_head_dim": 64,
+        "num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1, "moe_intermediate_size": 64,
+        "shared_expert_intermediate_size": 64, "norm_topk_prob": True, "mlp_only_layers": []})
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
