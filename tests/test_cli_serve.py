@@ -196,8 +196,18 @@ def test_real_launch_execs_vllm_with_the_plan(tmp_path, venv_with_fake_vllm):
 def test_real_launch_stops_before_anything_when_refused_or_failed(tmp_path, venv_with_fake_vllm):
     home, record = tmp_path / "home", tmp_path / "fake.json"
     home.mkdir()
+    # The reference launch with the documented GDN switch serves: vLLM's own GDN kernels on tensor cores.
     r, _ = launch(venv_with_fake_vllm, REFERENCE, clean_env(home, FAKE_VLLM_OUT=str(record), CAOVAN_FACTS=str(FACTS),
                                                             CAOVAN_GDN_LEGACY_DISABLE="1"))
+    lines = r.stdout.splitlines()
+    assert r.returncode == 0 and "gdn_legacy=disabled-by-user" in lines and "turbo3=active" in lines, r.stderr
+    assert record.exists()
+    record.unlink()
+    for p in sorted(home.rglob("*"), reverse=True):
+        p.rmdir() if p.is_dir() else p.unlink()
+    # Without the Turbo hook nothing of ours gets tensor cores: require-turbo3 refuses, before vLLM starts.
+    r, _ = launch(venv_with_fake_vllm, REFERENCE, clean_env(home, FAKE_VLLM_OUT=str(record), CAOVAN_FACTS=str(FACTS),
+                                                            CAOVAN_GDN_LEGACY_DISABLE="1", CAOVAN_TURBO="off"))
     assert r.returncode == 2 and "refused: require-turbo3" in r.stdout and "CAOVAN_GDN_LEGACY_DISABLE=1" in r.stderr
     assert "caovan-vllm-serve: error: require-turbo3 (additional-config caovan_require_turbo3) is on" in r.stderr
     assert not record.exists() and tree(home) == []
@@ -245,3 +255,31 @@ def test_plugin_off_execs_vllm_untouched(tmp_path, venv_with_fake_vllm):
     assert got["pid"] == pid and got["argv"] == ["serve", *args]
     assert not any(k.startswith(("VLLM_", "_CAOVAN", "TRITON_")) for k in got["env"])
     assert tree(home) == []
+
+
+def test_version_prints_and_starts_nothing(tmp_path):
+    r = serve(["--version"], clean_env(tmp_path))
+    assert r.returncode == 0 and r.stdout.strip() == f"caovan-vllm-serve {__version__}" and not r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_last_line_agrees_with_the_findings_above_it(tmp_path, monkeypatch):
+    from caovan_vllm_sm75_turbo3.cli import serve as serve_cli
+    from caovan_vllm_sm75_turbo3.launch import plan_launch
+    from caovan_vllm_sm75_turbo3.policy.vllm_args import read_vllm_args
+
+    model = str(ROOT / "examples" / "models" / "qwen3.6-27b-awq")
+    env = clean_env(tmp_path, CAOVAN_FACTS=str(ROOT / "examples" / "1x2080ti-11g.json"))
+    prepared = plan_launch(env, read_vllm_args([model]), write=False, fill_args=True)
+    # 1 x 11G: the weights alone do not fit; the verdict says vLLM is expected to fail
+    assert prepared.plan.failures and "do not fit" in prepared.plan.failures[0]
+    text = serve_cli.plan_text(prepared.plan, "/usr/bin/vllm", serve_cli.stop_reason(prepared, "/usr/bin/vllm"))
+    assert text[-2].startswith("launch: would exec vLLM, which is expected to fail: the weights")
+    # no `vllm` command: a launch would stop, and the verdict says so
+    stop = serve_cli.stop_reason(prepared, None)
+    assert stop and "`vllm` command was not found" in stop
+    assert serve_cli.plan_text(prepared.plan, None, stop)[-2].startswith("launch: would stop: ")
+    # and the same through the command, from a venv whose vLLM is missing (the fast lane's has none)
+    r = serve(["--dry-run", model], env)
+    if "vllm_program: not found" in r.stdout:
+        assert r.stdout.splitlines()[-2].startswith("launch: would stop: ")

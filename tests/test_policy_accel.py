@@ -37,7 +37,7 @@ def test_unverified_triton_keeps_vllms_prefill_with_one_line_why() -> None:
     plan = _plan("3.9.0", vllm="0.33.0")
     assert plan.status["turbo"] == "off-unverified-triton-3.9.0"
     assert (plan.status["gdn_legacy"], plan.status["turbo3"]) == ("upstream", "inactive")
-    why = [n for n in plan.notes if n.startswith("accelerated path inactive")]
+    why = [n for n in plan.notes if n.startswith("turbo3=inactive")]
     assert len(why) == 1 and "turbo=off-unverified-triton-3.9.0" in why[0] and "CUDA cores" in why[0]
     assert plan.refusal is None
     required = _plan("3.9.0", vllm="0.33.0", env={"CAOVAN_REQUIRE_TURBO3": "1"})
@@ -60,10 +60,33 @@ def test_forced_turbo_on_a_verified_triton_counts() -> None:
     assert (plan.status["turbo"], plan.status["turbo3"]) == ("on", "active")
 
 
-def test_user_disable_keeps_its_own_line_and_still_reports_turbo() -> None:
-    plan = _plan("3.6.0", env={"CAOVAN_GDN_LEGACY_DISABLE": "1"})
+def test_user_disable_keeps_its_own_line_and_vllms_gdn_kernels_on_tensor_cores() -> None:
+    # The GDN switch for unstable machines: vLLM's own FLA kernels still get tensor cores through the hook.
+    plan = _plan("3.6.0", env={"CAOVAN_GDN_LEGACY_DISABLE": "1", "CAOVAN_REQUIRE_TURBO3": "1"})
     assert (plan.status["gdn_legacy"], plan.status["turbo"], plan.status["turbo3"]) == (
-        "disabled-by-user", "auto", "inactive")
+        "disabled-by-user", "auto", "active")
+    assert plan.refusal is None and any("vLLM 0.21.0's own FLA kernels" in n for n in plan.notes)
+    off = _plan("3.6.0", env={"CAOVAN_GDN_LEGACY_DISABLE": "1", "CAOVAN_TURBO": "off", "CAOVAN_REQUIRE_TURBO3": "1"})
+    assert off.status["turbo3"] == "inactive" and "CAOVAN_GDN_LEGACY_DISABLE=1" in off.refusal
+
+
+def _model_plan(model: str, vllm: str, triton: str, *argv: str, env: dict[str, str] | None = None):
+    from caovan_vllm_sm75_turbo3.runtime.model import model_shape, read_model
+    shape = model_shape(read_model(str(ROOT / "examples" / "models" / model)).config)
+    facts = Facts.from_dict(facts_dict(versions={"triton": triton, "vllm": vllm}))
+    return make_plan(facts, load_settings(env or {}), env or {}, read_vllm_args(["m", *argv]), shape=shape)
+
+
+def test_status_follows_the_model() -> None:
+    llama = _model_plan("llama-3-8b-awq", "0.21.0", "3.6.0", env={"CAOVAN_REQUIRE_TURBO3": "1"})
+    assert (llama.status["gdn_legacy"], llama.status["turbo3"]) == ("no-gdn-layers", "inactive")
+    assert "has no GDN layers" in llama.refusal
+    # On 0.24+ our attention backend serves fp8 KV: that is a hot path of ours for any model.
+    fp8 = _model_plan("llama-3-8b-awq", "0.34.0", "3.8.0", "--kv-cache-dtype", "fp8")
+    assert (fp8.status["gdn_legacy"], fp8.status["turbo3"]) == ("no-gdn-layers", "active")
+    assert any(n.startswith("turbo3=active: attention: ours") for n in fp8.notes)
+    qwen = _model_plan("qwen3.6-27b-awq", "0.21.0", "3.6.0")
+    assert (qwen.status["gdn_legacy"], qwen.status["turbo3"]) == ("legacy-gdn-linear-attn-v020", "active")
 
 
 @pytest.mark.parametrize("turbo, triton, vllm, mode, gpus", list(itertools.product(

@@ -159,15 +159,20 @@ def test_require_turbo3_refuses_with_every_reason():
     for part in ("no SM75 GPU", "0.40.0 is outside the supported releases", "mode=guards"):
         assert part in r
     assert plan.stop_reason() == r
+    # The GDN switch alone is no reason to refuse: vLLM's own GDN kernels get tensor cores through the hook.
     legacy = plan_for(env={"CAOVAN_REQUIRE_TURBO3": "1", "CAOVAN_GDN_LEGACY_DISABLE": "1"})
-    assert legacy.refusal and "CAOVAN_GDN_LEGACY_DISABLE=1" in legacy.refusal and "no SM75" not in legacy.refusal
+    assert legacy.refusal is None and legacy.status["turbo3"] == "active"
+    no_hook = plan_for(env={"CAOVAN_REQUIRE_TURBO3": "1", "CAOVAN_GDN_LEGACY_DISABLE": "1", "CAOVAN_TURBO": "off"})
+    assert no_hook.refusal and "CAOVAN_GDN_LEGACY_DISABLE=1" in no_hook.refusal and "no SM75" not in no_hook.refusal
 
 
 @pytest.mark.parametrize("active", [True, False])
 def test_refusal_follows_the_accelerated_path_state(monkeypatch, active):
-    turbo = TurboDecision(True, True, "auto", "verified")
+    # Inactive: no hook either, so vLLM's own GDN kernels get no tensor cores and nothing of ours serves.
+    turbo = (TurboDecision(True, True, "auto", "verified", "3.6.0") if active
+             else TurboDecision(False, True, "off-by-user", "turbo off", "3.6.0"))
     state = GdnState("caovan-sm75" if active else "upstream", active, ("reason one", "reason two"), turbo)
-    monkeypatch.setattr(plan_module, "gdn_state", lambda f, s: state)
+    monkeypatch.setattr(plan_module, "gdn_state", lambda f, s, shape=None: state)
     required = plan_for(env={"CAOVAN_REQUIRE_TURBO3": "1"})
     assert required.status["gdn_legacy"] == state.line
     assert required.status["turbo3"] == ("active" if active else "inactive")
@@ -177,12 +182,12 @@ def test_refusal_follows_the_accelerated_path_state(monkeypatch, active):
         assert "reason one; reason two" in required.refusal
     fallback = plan_for()  # without the switch: fall back with a note, never refuse
     assert fallback.refusal is None
-    assert any("accelerated path inactive" in n and "reason one" in n for n in fallback.notes) is (not active)
+    assert any(n.startswith("turbo3=inactive") and "reason one" in n for n in fallback.notes) is (not active)
 
 
 def test_require_turbo3_from_additional_config_names_its_source():
     args = read_vllm_args(["m", "--additional-config",
-                           '{"caovan_require_turbo3":true,"caovan_gdn_legacy_disable":true}'])
+                           '{"caovan_require_turbo3":true,"caovan_gdn_legacy_disable":true,"caovan_turbo":"off"}'])
     settings = load_settings({}, args.additional_config)
     plan = make_plan(facts(), settings, {}, args)
     assert "additional-config caovan_require_turbo3" in plan.refusal
@@ -248,3 +253,12 @@ def test_plan_json_round_trips_the_decisions():
     env = {e["var"]: e for e in d["env"]}
     assert env["VLLM_RPC_TIMEOUT"]["releases"] == "<=0.22" and env["VLLM_RPC_TIMEOUT"]["reason"]
     assert d["cache"]["key"] == "k-0123456789" and d["filled_args"] == []
+
+
+def test_a_cache_variable_the_user_set_is_kept_and_named_as_shared():
+    plan = plan_for(env={"TORCHINDUCTOR_CACHE_DIR": "/srv/inductor"}, cache=cache_state())
+    kept = [c for c in plan.env if c.var == "TORCHINDUCTOR_CACHE_DIR"]
+    assert kept and kept[0].action == "kept" and kept[0].value == "/srv/inductor"
+    shared = [w for w in plan.warnings if w.startswith("TORCHINDUCTOR_CACHE_DIR is your own (/srv/inductor)")]
+    assert len(shared) == 1 and "not isolated" in shared[0]
+    assert not any("is your own" in w for w in plan_for(cache=cache_state()).warnings)

@@ -26,7 +26,7 @@ from .policy.turbo import decide_turbo
 from .policy.vllm_args import LaunchNumbers, VllmArgs, check_launch_args
 from .runtime import flashinfer_probe as fp
 from .runtime.facts import Facts
-from .runtime.model import read_model
+from .runtime.model import ModelFacts, model_shape, read_model
 from .runtime.probe import load_facts
 
 # Set in the environment vLLM's processes inherit once the guards are applied, so that
@@ -73,10 +73,12 @@ def plan_launch(env: Mapping[str, str], args: VllmArgs, cli: Mapping[str, Any] |
     state = _cache_state(keydir) if keydir else None
     checked = check_launch_args(args, len(facts.gpus)) if fill_args else None
     refused = checked.refusal() if checked else None
-    fill = (_profile_fill(facts, settings, args, checked.numbers)
+    model = read_model(args.model) if args.model and settings.active and not refused else None
+    shape = model_shape(model.config) if model else None
+    fill = (_profile_fill(facts, settings, args, checked.numbers, model)
             if checked and not refused and settings.active else None)
     filled = [FilledArg(a.flag, a.value, a.reason) for a in fill.args] if fill else []
-    plan = _refused(_with_fill(make_plan(facts, settings, env, args, state, filled_args=filled), fill), refused)
+    plan = _refused(_with_fill(make_plan(facts, settings, env, args, state, filled_args=filled, shape=shape), fill), refused)
     write = write and refused is None
     if plan.status.get("flashinfer_sampler") != "probe-pending":
         if write and keydir and plan.stop_reason() is None:
@@ -94,15 +96,15 @@ def plan_launch(env: Mapping[str, str], args: VllmArgs, cli: Mapping[str, Any] |
             if keydir:
                 fp.store(keydir.path, result)
     if result is not None:
-        plan = _refused(_with_fill(make_plan(facts, settings, env, args, state, result, filled_args=filled), fill),
+        plan = _refused(_with_fill(make_plan(facts, settings, env, args, state, result, filled_args=filled, shape=shape), fill),
                         refused)
     return Prepared(plan, settings, facts, keydir, refused)
 
 
-def _profile_fill(facts: Facts, settings: Settings, args: VllmArgs, numbers: LaunchNumbers) -> LaunchFill:
-    """The launch profile's decisions for this machine and the model directory in `args`, with
-    what could not be read in the model directory as notes."""
-    model = read_model(args.model) if args.model else None
+def _profile_fill(facts: Facts, settings: Settings, args: VllmArgs, numbers: LaunchNumbers,
+                  model: ModelFacts | None) -> LaunchFill:
+    """The launch profile's decisions for this machine and the model directory in `args` (as read),
+    with what could not be read in the model directory as notes."""
     turbo = decide_turbo(facts, settings, facts.versions.triton)  # the user's CAOVAN_TURBO counts here too
     fill = fill_launch(facts, model, settings.profile, args, load_table(), numbers, turbo=turbo)
     return replace(fill, lines=(*fill.lines, *(f"model: {n}" for n in (model.notes if model else ()))))
@@ -119,7 +121,9 @@ def _with_fill(plan: Plan, fill: LaunchFill | None) -> Plan:
     """The plan with the profile's arithmetic and decisions as notes, and its warnings."""
     if fill is None:
         return plan
-    return replace(plan, notes=(*plan.notes, *fill.lines), warnings=(*plan.warnings, *fill.warnings))
+    failures = fill.memory.warnings if fill.memory is not None and fill.memory.fits is False else ()
+    return replace(plan, notes=(*plan.notes, *fill.lines), warnings=(*plan.warnings, *fill.warnings),
+                   failures=(*plan.failures, *failures))
 
 
 def apply_env(plan: Plan, environ: MutableMapping[str, str], applied_by: str) -> None:

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from .. import __version__
 from ..caches.layout import hold_in_use
 from ..errors import CaovanError
 from ..launch import Prepared, apply_env, plan_launch
@@ -25,7 +26,7 @@ from .common import print_json, run_cli
 
 PROG = "caovan-vllm-serve"
 # Our flags; a test checks that vLLM 0.21's `vllm serve` parser has none of them.
-BOOL_FLAGS = ("--dry-run", "--json", "--help", "-h")
+BOOL_FLAGS = ("--dry-run", "--json", "--help", "-h", "--version")
 VALUE_FLAGS = ("--facts", "--profile", "--cache-dir")
 
 
@@ -55,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="launch profile: a name, auto (match this machine and the model directory) or "
                         "none (also CAOVAN_PROFILE); a profile fills only the vLLM arguments you did not give, "
                         "each with its reason (see docs/profiles.md)")
+    p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     p.add_argument("--cache-dir", metavar="DIR",
                    help="root of the isolated JIT caches (also CAOVAN_CACHE_DIR; default "
                         "${XDG_CACHE_HOME:-$HOME/.cache}/caovan-sm75-turbo3)")
@@ -105,18 +107,26 @@ def _program() -> str | None:
         return None
 
 
-def stop_reason(prepared: Prepared) -> str | None:
-    """Why a launch must not start: the plan's reasons, or (the plugin off) refused arguments."""
-    return prepared.plan.stop_reason() or prepared.refused_args
+def stop_reason(prepared: Prepared, program: str | None) -> str | None:
+    """Why a launch must not start: the plan's reasons, (the plugin off) refused arguments, or no
+    `vllm` command to exec."""
+    stop = prepared.plan.stop_reason() or prepared.refused_args
+    if program is None:
+        missing = ("vLLM's `vllm` command was not found next to this Python or on PATH: install vLLM "
+                   "(pip install vllm==0.21.0) into this environment")
+        stop = f"{stop}. {missing}" if stop else missing
+    return stop
 
 
 def plan_text(plan: Plan, program: str | None, stop: str | None) -> list[str]:
     """The dry-run report: the banner, then the final command and what a launch would do."""
     lines = banner_lines(plan)
     lines.append("argv: " + shlex.join(plan.argv))
-    lines.append("vllm_program: " + (program or "not found (a launch would stop)"))
+    lines.append("vllm_program: " + (program or "not found"))
     if stop:
         lines.append(f"launch: would stop: {stop}")
+    elif plan.failures:
+        lines.append("launch: would exec vLLM, which is expected to fail: " + "; ".join(plan.failures))
     elif plan.active and not plan.sm75_gpus:
         lines.append("launch: would exec vLLM untouched (no SM75 GPU visible: nothing of ours applies)")
     else:
@@ -134,19 +144,23 @@ def main(argv: Sequence[str]) -> int:
     prepared = plan_launch(os.environ, args, cli, write=not dry, say=lambda s: print(s, flush=True),
                            fill_args=True)
     plan = prepared.plan
-    stop = stop_reason(prepared)
+    program = _program()
+    stop = stop_reason(prepared, program)
     if opts.json:
-        print_json({**plan.to_dict(), "vllm_program": _program(), "dry_run": True})
+        print_json({**plan.to_dict(), "vllm_program": program, "dry_run": True,
+                    "launch": "stop" if stop else "exec-expected-to-fail" if plan.failures else "exec",
+                    "stop_reason": stop})
     elif dry:
-        print("\n".join(plan_text(plan, _program(), stop)))
+        print("\n".join(plan_text(plan, program, stop)))
     if dry:
         if prepared.refused_args:  # bad input: exit 2 after the plan, as for any bad input
             raise CaovanError(prepared.refused_args)
         return 0
     print("\n".join(banner_lines(plan)), flush=True)
-    if stop:
-        raise CaovanError(stop)
-    program = find_vllm()
+    if stop or program is None:
+        raise CaovanError(stop or "no vllm command")
+    if plan.failures:
+        print("warning: vLLM is expected to fail: " + "; ".join(plan.failures), flush=True)
     env = dict(os.environ)
     if plan.active:
         if prepared.keydir:

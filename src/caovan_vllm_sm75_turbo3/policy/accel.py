@@ -1,12 +1,14 @@
-"""Whether our accelerated path (the Turing GDN prefill through vLLM's GDN layer) can be active.
+"""What serves the model's hot Triton paths on SM75, for the `gdn_legacy=`, `turbo=` and `turbo3=`
+status lines and for require-turbo3: one place answers it.
 
-One place answers this, for the `gdn_legacy=`, `turbo=` and `turbo3=` status lines and for
-require-turbo3. The one rule: our GDN prefill is in charge only where the Turbo hook gives it
-tensor cores (without them it runs as a plain fp32-FMA build, far slower than with them and
-likely slower than vLLM's own), so `turbo3=active` always means tensor cores. The launcher
-predicts it from facts and settings; plugin/dispatch confirms it inside each vLLM process and
-logs the final state (`gdn_legacy=<interface family>` when ours is active, `disabled-by-user`
-or `upstream`).
+`gdn_legacy=`: our GDN prefill is in charge only where the Turbo hook gives it tensor cores (without
+them it runs as a plain fp32-FMA build, far slower than with them and likely slower than vLLM's
+own); `no-gdn-layers` for a model without GDN layers. plugin/dispatch confirms it inside each vLLM
+process and logs the final state.
+
+`turbo3=active` (README glossary): the hot Triton paths we accelerate for this model get tensor
+cores: its GDN prefill (ours, or vLLM's own FLA kernels through the Turbo hook) and its attention
+(ours, where it serves fp8 KV on vLLM 0.24+). require-turbo3 refuses only when none does.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from dataclasses import dataclass
 
 from ..config import Settings
 from ..runtime.facts import Facts
+from ..runtime.model import ModelShape
 from . import vllm_versions as vv
+from .attention import our_backend_problem
 from .turbo import GDN_KERNELS, TurboDecision, decide_turbo
 
 
@@ -30,9 +34,13 @@ class GdnState:
     turbo: TurboDecision
 
 
-def gdn_state(facts: Facts, settings: Settings) -> GdnState:
-    """What serves GDN prefill with these facts and settings."""
+def gdn_state(facts: Facts, settings: Settings, shape: ModelShape | None = None) -> GdnState:
+    """What serves GDN prefill with these facts and settings, for the model of `shape` (None: not
+    known, judged as the hybrid models we are made for)."""
     turbo = decide_turbo(facts, settings, facts.versions.triton)
+    if shape is not None and not shape.is_hybrid:
+        return GdnState("no-gdn-layers", False, (
+            f"the model ({shape.architecture or shape.model_type or 'config.json'}) has no GDN layers",), turbo)
     if settings.gdn_legacy_disable:
         return GdnState("disabled-by-user", False, (
             f"CAOVAN_GDN_LEGACY_DISABLE=1 ({settings.source('gdn_legacy_disable')}) keeps vLLM's own GDN prefill",),
@@ -58,3 +66,41 @@ def gdn_state(facts: Facts, settings: Settings) -> GdnState:
     return GdnState(family, True, (
         f"{facts.sm75_count} SM75 GPU(s); vLLM {facts.versions.vllm} has GDN interface {family}: "
         "our prefill replaces ChunkGatedDeltaRule",), turbo)
+
+
+@dataclass(frozen=True)
+class Turbo3:
+    """Whether the model's hot Triton paths get tensor cores (`turbo3=active`): which do, or why none."""
+
+    active: bool
+    paths: tuple[str, ...]      # what gets tensor cores, in words
+    reasons: tuple[str, ...]    # why each hot path does not, when none does
+
+
+def turbo3_state(facts: Facts, settings: Settings, gdn: GdnState, shape: ModelShape | None,
+                 kv_cache_dtype: str | None) -> Turbo3:
+    """The `turbo3=` decision. `kv_cache_dtype` is the launch's --kv-cache-dtype (given or filled)."""
+    if not facts.sm75_count or settings.mode != "auto":
+        return Turbo3(False, (), gdn.reasons)   # they name the missing GPU, the mode or the user's switch
+    turbo, version = gdn.turbo, facts.versions.vllm
+    paths: list[str] = []
+    reasons: list[str] = []
+    if gdn.line == "no-gdn-layers":
+        reasons += gdn.reasons
+    elif gdn.active:
+        paths.append("GDN prefill: ours, on tensor cores")
+    elif turbo.serves_vllm_gdn(version):
+        paths.append(f"GDN prefill: vLLM {version}'s own FLA kernels on tensor cores through the Turbo hook "
+                     f"(gdn_legacy={gdn.line})")
+    else:
+        reasons.append("GDN prefill: " + "; ".join(gdn.reasons) + "; and vLLM's own: "
+                       + turbo.not_served_reason(f"vLLM {version}'s FLA kernels"))
+    if (kv_cache_dtype or "").startswith("fp8"):
+        problem = our_backend_problem(version, turbo)
+        if problem is None:
+            paths.append("attention: ours (fp8 KV on vLLM 0.24+), on tensor cores")
+        elif vv.attention_family(version) is not None:
+            reasons.append(f"attention: {problem}")
+    if not paths and gdn.line == "no-gdn-layers" and len(reasons) == 1:
+        reasons.append("attention: vLLM's own serves it (nothing of ours for this model's attention)")
+    return Turbo3(bool(paths), tuple(paths), tuple(reasons))

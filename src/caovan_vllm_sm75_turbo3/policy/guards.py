@@ -168,7 +168,10 @@ def cache_guard(facts: Facts, settings: Settings, env: Mapping[str, str], cache:
         if var == "TRITON_CACHE_DIR" and vv.has("vllm-overrides-triton-cache-dir", facts.versions.vllm):
             reason += "; vLLM puts torch.compile's Triton kernels under VLLM_CACHE_ROOT itself"
         changes.append(decide(env, var, path, reason, ALL_RELEASES, switch))
-    warnings = []
+    warnings = [f"{c.var} is your own ({c.value}) and stays: that cache is not isolated, so every environment "
+                "that uses it (another torch, Triton or vLLM) shares it and may load builds of another stack; "
+                f"unset it to give this environment its own ({cache.env_dirs[c.var]})"
+                for c in changes if c.action == "kept"]
     if cache.empty and cache.other_keys:
         warnings.append(
             f"the JIT cache for this environment is empty but {len(cache.other_keys)} other environment(s) "

@@ -24,15 +24,17 @@ from typing import Any
 from .. import safe_json
 
 from ..config import Settings
+from ..kernels.attention.configs import FP8_CACHE_DTYPES
 from ..runtime.facts import Facts
 from ..runtime.model import ModelFacts, ModelShape, model_shape
 from . import vllm_versions as vv
 from .memory_plan import MemoryInputs, MemoryPlan, plan_memory
-from .turbo import ATTENTION_KERNELS, TurboDecision, decide_turbo
+from .attention import OUR_BACKEND, fp8_kv_on_sm75, our_backend_problem, vllm_fp8_kv_on_sm75
+from .turbo import TurboDecision, decide_turbo
 from .profiles import Family, Profile, ProfileTable, Setup, matches, select, setup_of
 from .vllm_args import AUTO_LEN, LaunchNumbers, VllmArgs, check_launch_args
 
-KV_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}  # anything else: the fp16 model dtype, 2 bytes
+KV_BYTES = dict.fromkeys(FP8_CACHE_DTYPES, 1)  # anything else: the fp16 model dtype, 2 bytes
 COMPILATION = "--compilation-config"
 
 
@@ -55,28 +57,6 @@ class LaunchFill:
     warnings: tuple[str, ...] = ()
     memory: MemoryPlan | None = None
     setup: Setup | None = None
-
-
-OUR_BACKEND = "CUSTOM"  # the --attention-backend name our backend registers as (plugin/attention)
-
-
-def vllm_fp8_kv_on_sm75(version: str | None) -> bool:
-    """Whether one of this vLLM release's own attention backends serves fp8 KV on SM75."""
-    return bool(vv.has("triton-attn-fp8-kv-on-sm75", version) or vv.has("flashinfer-on-sm75", version))
-
-
-def our_backend_problem(version: str | None, turbo: TurboDecision) -> str | None:
-    """Why our attention backend cannot serve fp8 KV with this release and Turbo decision (None: it can)."""
-    if vv.attention_family(version) is None or vv.support_status(version) == "too-new":
-        return f"vLLM {version} has no attention interface family of ours"
-    if not turbo.serves(ATTENTION_KERNELS):
-        return turbo.not_served_reason("our attention kernel") + ", so fp8 KV through our backend is not planned"
-    return None
-
-
-def fp8_kv_on_sm75(version: str | None, turbo: TurboDecision | None = None) -> bool:
-    """Whether fp8 KV is served on SM75: by vLLM's own backends, or by ours given the Turbo decision."""
-    return vllm_fp8_kv_on_sm75(version) or (turbo is not None and our_backend_problem(version, turbo) is None)
 
 
 def mamba_align_effective(version: str | None) -> bool:

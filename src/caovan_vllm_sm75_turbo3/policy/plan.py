@@ -16,7 +16,8 @@ from .. import __version__
 from ..config import Settings
 from ..runtime.facts import Facts
 from ..runtime.flashinfer_probe import SamplerProbe
-from .accel import gdn_state
+from ..runtime.model import ModelShape
+from .accel import Turbo3, gdn_state, turbo3_state
 from .checks import CheckResult, Status, rollup, run_checks, sm75_line
 from .guards import CacheState, EnvChange, GuardResult, arch_guard, cache_guard, sampler_guard, timeout_guard
 from .vllm_args import VllmArgs
@@ -53,6 +54,7 @@ class Plan:
     sampler_probe: SamplerProbe | None = None
     notes: tuple[str, ...] = field(default=())
     sm75_gpus: int = 0              # visible SM75 GPUs: without one, nothing of ours applies
+    failures: tuple[str, ...] = ()  # what says vLLM will fail to start (the memory arithmetic); a warning each
 
 
     @property
@@ -89,28 +91,37 @@ class Plan:
             "status": dict(self.status), "refusal": self.refusal,
             "env": [c.to_dict() for c in self.env], "argv": self.argv,
             "filled_args": [{"flag": f.flag, "value": f.value, "reason": f.reason} for f in self.filled_args],
-            "warnings": list(self.warnings), "notes": list(self.notes),
+            "warnings": list(self.warnings), "notes": list(self.notes), "failures": list(self.failures),
             "cache": self.cache.to_dict() if self.cache else None,
             "sampler_probe": self.sampler_probe.to_dict() if self.sampler_probe else None,
             "checks": [c.to_dict() for c in self.checks]}
 
 
-def _turbo3_refusal(facts: Facts, settings: Settings, gdn_reasons: tuple[str, ...]) -> str:
+def _kv_cache_dtype(args: VllmArgs, filled: Sequence[FilledArg]) -> str | None:
+    """The launch's --kv-cache-dtype: the user's, else the profile's, else None (vLLM's auto)."""
+    given = args.value("--kv-cache-dtype")
+    if isinstance(given, str):
+        return given
+    return next((f.value for f in filled if f.flag == "--kv-cache-dtype"), None)
+
+
+def _turbo3_refusal(settings: Settings, t3: Turbo3) -> str:
     where = settings.source("require_turbo3")
-    return (f"require-turbo3 ({where}) is on, but the accelerated path cannot be active: "
-            + "; ".join(gdn_reasons)
+    return (f"require-turbo3 ({where}) is on, but no hot path of this model gets tensor cores: "
+            + "; ".join(t3.reasons)
             + ". Start without it (unset CAOVAN_REQUIRE_TURBO3 / drop caovan_require_turbo3) to serve on "
               "vLLM's own kernels with the SM75 guards.")
 
 
 def make_plan(facts: Facts, settings: Settings, env: Mapping[str, str], args: VllmArgs,
               cache: CacheState | None = None, sampler_probe: SamplerProbe | None = None,
-              filled_args: Sequence[FilledArg] = ()) -> Plan:
+              filled_args: Sequence[FilledArg] = (), shape: ModelShape | None = None) -> Plan:
     """Decide the launch. Pure: reads only its arguments, writes nothing.
 
     `cache` is the environment key's cache directory as read by the caller (None: no isolation);
     `sampler_probe` the FlashInfer test build's result (None: not run); `filled_args` the vLLM
-    arguments a launch profile proposes, of which only those the user did not give are used.
+    arguments a launch profile proposes, of which only those the user did not give are used;
+    `shape` the model's config as read (None: unknown, judged as the hybrid models we target).
     """
     checks = tuple(run_checks(facts))
     runtime = rollup(list(checks))
@@ -126,7 +137,8 @@ def make_plan(facts: Facts, settings: Settings, env: Mapping[str, str], args: Vl
         return Plan(status=status, env=(), warnings=tuple(warnings), active=False,
                     **{**common, "notes": (*notes, f"the plugin is off ({why}): vLLM runs untouched")})
 
-    gdn = gdn_state(facts, settings)
+    gdn = gdn_state(facts, settings, shape)
+    t3 = turbo3_state(facts, settings, gdn, shape, _kv_cache_dtype(args, filled_args))
     results: list[GuardResult] = []
     if facts.sm75_count:
         sampler = sampler_guard(facts, settings, env, sampler_probe)
@@ -141,18 +153,18 @@ def make_plan(facts: Facts, settings: Settings, env: Mapping[str, str], args: Vl
     for r in results:
         warnings += r.warnings
     status.update(flashinfer_sampler=sampler_line, post_start_warmup=POST_START_WARMUP,
-                  gdn_legacy=gdn.line, turbo=gdn.turbo.line, turbo3="active" if gdn.active else "inactive",
+                  gdn_legacy=gdn.line, turbo=gdn.turbo.line, turbo3="active" if t3.active else "inactive",
                   mode=settings.mode, vllm=facts.versions.vllm or "none")
     if cache is not None and facts.sm75_count and settings.cache_isolation:
         status["cache_key"] = cache.path
 
     refusal = None
-    if not gdn.active:
-        if settings.require_turbo3:
-            refusal = _turbo3_refusal(facts, settings, gdn.reasons)
-        elif facts.sm75_count and settings.mode == "auto" and not settings.gdn_legacy_disable:
-            notes.append("accelerated path inactive, serving on vLLM's own kernels with the guards: "
-                         + "; ".join(gdn.reasons))
+    if t3.active:
+        notes.append("turbo3=active: " + "; ".join(t3.paths))
+    elif settings.require_turbo3:
+        refusal = _turbo3_refusal(settings, t3)
+    elif facts.sm75_count and settings.mode == "auto":
+        notes.append("turbo3=inactive, serving on vLLM's own kernels with the guards: " + "; ".join(t3.reasons))
     if settings.profile != "none" and not filled_args:
         notes.append(f"profile={settings.profile} ({settings.source('profile')}): no vLLM argument filled here "
                      "(launch profiles fill only in caovan-vllm-serve, only what the user did not give)")

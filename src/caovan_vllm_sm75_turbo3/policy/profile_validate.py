@@ -19,7 +19,8 @@ from typing import Any
 from ..runtime.facts import Facts, GpuFact, HostFacts, Versions
 from ..runtime.model import ModelFacts
 from . import vllm_versions as vv
-from .launch_fill import ProfileArg, fill_launch, fp8_kv_on_sm75
+from .attention import fp8_kv_on_sm75
+from .launch_fill import ProfileArg, fill_launch
 from .profiles import Profile, ProfileTable, overlapping
 from .vllm_args import read_vllm_args
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 
 from ..config import Settings
 from ..kernels.turbo.allowlist import load_allowlist, triton_version_matches
+from ..kernels.turbo.spec import SM75_SHARED_LIMIT
 from ..runtime.facts import Facts
 from ..versions import minor
 
@@ -18,8 +19,10 @@ from ..versions import minor
 HOOK_TRITON_VERSIONS = ("3.6", "3.7", "3.8")
 # Our kernels' Triton functions as the allowlist names them: each claim of tensor cores checks its own.
 GDN_KERNELS = ("_prep_kernel", "_state_kernel")
+# vLLM's own FLA GDN forward kernels (their texts per release: data/turbo_allowlist.json `sources`).
+VLLM_GDN_KERNELS = ("chunk_scaled_dot_kkt_fwd_kernel", "merge_16x16_to_64x64_inverse_kernel",
+                    "recompute_w_u_fwd_kernel", "chunk_gated_delta_rule_fwd_kernel_h_blockdim64", "chunk_fwd_kernel_o")
 ATTENTION_KERNELS = ("_attn_kernel",)   # its split merge has no products: it needs no tensor cores
-SM75_SHARED_LIMIT = 65536
 FMA_LEFT_MAX = 0.05   # a turbo build may keep at most this share of the plain build's fp32 FMAs
 
 
@@ -47,6 +50,14 @@ class TurboDecision:
             return False
         entries = {k.name: k for k in load_allowlist().kernels}
         return all(n in entries and triton_version_matches(self.triton, entries[n].triton_versions) for n in kernels)
+
+    def serves_vllm_gdn(self, vllm_version: str | None) -> bool:
+        """Whether vLLM's own GDN prefill (its FLA kernels) gets tensor cores through the hook: each of
+        the release's kernel texts was verified on this Triton."""
+        if not self.tensor_cores or not self.triton or not vllm_version:
+            return False
+        entries = {k.name: k for k in load_allowlist().kernels}
+        return all(n in entries and entries[n].covers_release(vllm_version, self.triton) for n in VLLM_GDN_KERNELS)
 
     def not_served_reason(self, what: str) -> str:
         """Why `serves` is False for `what` (e.g. "our GDN prefill"), in one clause."""

@@ -15,6 +15,8 @@ from dataclasses import dataclass, replace
 HEAD_DIMS = (128, 256)
 # KV cache formats: fp16 as it is, or fp8 bytes widened to fp16 in registers by integer bit work.
 KV_FORMATS = ("fp16", "fp8_e4m3", "fp8_e5m2")
+# The names vLLM's --kv-cache-dtype uses for fp8, and the format each one means on CUDA: their one home.
+FP8_CACHE_DTYPES = {"fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
 FORMAT_CODE = {"fp16": 0, "fp8_e4m3": 1, "fp8_e5m2": 2}  # the kernel's KV_FMT constexpr
 
 # Split-KV (flash-decoding): when the (query block, KV head) programs cannot fill the GPU, each one's

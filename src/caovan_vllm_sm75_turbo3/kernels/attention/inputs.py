@@ -11,13 +11,12 @@ from dataclasses import dataclass
 import torch
 
 from ...errors import CaovanError
-from .configs import HEAD_DIMS
+from .configs import FP8_CACHE_DTYPES, HEAD_DIMS
 
 # Which GPUs the launcher accepts: Turing up to Ada. The kernel is built for Turing; newer cards
 # are where the H200 evidence runs the same sm_75 PTX, not through this launcher.
 CAPABILITIES: tuple[tuple[int, int], tuple[int, int]] = ((7, 5), (8, 9))
-# The names vLLM's --kv-cache-dtype uses for fp8, and the format each one means on CUDA.
-CACHE_DTYPE_NAMES = {"fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
+CACHE_DTYPE_NAMES = FP8_CACHE_DTYPES
 _TORCH_FORMATS = {torch.float16: "fp16", torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2"}
 
 

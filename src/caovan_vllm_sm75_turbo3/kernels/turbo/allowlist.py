@@ -72,6 +72,12 @@ class KernelEntry:
         return next((v for v in self.sources
                      if v.digest == digest and triton_version_matches(triton_version, v.triton_versions)), None)
 
+    def covers_release(self, vllm_version: str, triton_version: str) -> bool:
+        """Whether a variant shipped by vLLM `vllm_version` was verified on this Triton (the release's
+        text of this kernel gets tensor cores under CAOVAN_TURBO=auto)."""
+        return any(release_in(vllm_version, v.releases) and triton_version_matches(triton_version, v.triton_versions)
+                   for v in self.sources)
+
     def configs_for(self, variant: SourceVariant | None) -> tuple[Mapping[str, Any], ...]:
         """The configs verified for `variant` (the entry's own when it lists none, or for no variant)."""
         return variant.configs if variant is not None and variant.configs else self.configs
@@ -114,6 +120,13 @@ def triton_version_matches(version: str, verified: tuple[str, ...]) -> bool:
     """'3.6.0' matches an entry '3.6.0' or '3.6'; local suffixes ('+git') are ignored."""
     base = version.split("+", 1)[0]
     return any(base == v or base.startswith(v + ".") for v in verified)
+
+
+def release_in(version: str, releases: str) -> bool:
+    """'0.27.0' (or '0.27.0+cpu') is in '0.26.0-0.31.0' or equal to '0.27.0'."""
+    low, _, high = releases.partition("-")
+    key = _version_key(version.split("+", 1)[0])
+    return _version_key(low) <= key <= _version_key(high or low)
 
 
 def _parse_sources(raw: Mapping[str, Any]) -> tuple[SourceVariant, ...]:

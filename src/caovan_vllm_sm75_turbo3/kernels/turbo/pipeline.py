@@ -26,6 +26,7 @@ from ...errors import TurboError
 from .protocol import triton_ptxas_extra
 from .resources import PtxasError, PtxasReport, mma_count, run_ptxas
 from .rewrite import REWRITE_VERSION, RewriteResult, TurboRewriteError, rewrite_ptx
+from .spec import SM75_SHARED_LIMIT
 
 
 
@@ -41,7 +42,6 @@ def _code_digest() -> str:
 
 # Written into Triton's cache key and into the kernel's metadata for every turbo build.
 TURBO_TAG = f"caovan-turbo-sm75-r{REWRITE_VERSION}-{_code_digest()}"
-SM75_SHARED_LIMIT = 65536   # bytes of shared memory per block on Turing (opt-in maximum)
 PLAN_CAPABILITY = 80        # Triton's MMAv2 path, which sm_75's m16n8k8 can execute when split
 FP32_DOT_MODES = ("", "f16x3")   # "": fp32 dots as Triton plans them; "f16x3": IEEE ones planned as tf32
 

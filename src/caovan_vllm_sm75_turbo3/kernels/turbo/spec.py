@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+SM75_SHARED_LIMIT = 65536   # bytes of shared memory per block on Turing (opt-in maximum): its one home
+
 
 @dataclass(frozen=True)
 class KernelSpec:

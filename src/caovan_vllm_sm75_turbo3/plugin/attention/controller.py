@@ -20,6 +20,7 @@ from types import ModuleType
 from ...config import Settings, load_settings
 from ...errors import CaovanError, Turbo3Refused
 from ...policy import vllm_versions as vv
+from ...policy.attention import OUR_BACKEND
 from ...policy.turbo import decide_turbo
 from ...runtime.probe import load_facts, vllm_version
 from ..dispatch.after_import import call_after_import
@@ -30,7 +31,7 @@ from .interface import AttentionInterface, check_sources
 logger = logging.getLogger("caovan_vllm_sm75_turbo3")
 
 FAMILIES: tuple[AttentionInterface, ...] = (triton_attn_v024.INTERFACE,)
-BACKEND = "CUSTOM"  # the AttentionBackendEnum member ours takes: --attention-backend CUSTOM
+BACKEND = OUR_BACKEND  # the AttentionBackendEnum member ours takes: --attention-backend CUSTOM
 CLASS_PATH = "caovan_vllm_sm75_turbo3.plugin.attention.backend.CaovanAttentionBackend"
 KERNEL = "caovan-paged-attention"
 LOG_PREFIX = "Caovan SM75 Turbo3 attention:"

@@ -14,6 +14,7 @@ import ast
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ...kernels.attention.configs import FP8_CACHE_DTYPES
 from ..dispatch.interface import module_file
 
 # The leading parameters vLLM passes and our kernel takes (kernels/attention).
@@ -24,7 +25,7 @@ EXTRAS = ("alibi_slopes", "use_alibi_sqrt", "seq_threshold_3D", "num_par_softmax
           "softmax_segm_max", "softmax_segm_expsum", "sinks", "output_scale", "mm_prefix_range", "rswa_prefix_lens",
           "rswa_window", "kv_quant_mode", "k_scale_cache", "v_scale_cache", "chunk_lookback", "use_td",
           "mm_prefix_clamp_sliding_window", "qq_bias")
-FP8_NAMES = ("fp8", "fp8_e4m3", "fp8_e5m2")
+FP8_NAMES = tuple(FP8_CACHE_DTYPES)
 # The self attributes TritonAttentionImpl.__init__ derives from its kv_cache_dtype argument; our
 # __init__ passes "auto" (vLLM refuses fp8 below SM89 there) and sets these itself.
 KV_DTYPE_ATTRS = ("kv_cache_dtype", "_kv_quant_mode")
