@@ -66,11 +66,20 @@ def test_mixed_memory_sizes_warn():
     ({"torch": None}, Status.FAIL, "not installed"),
     ({"torch_cuda": None}, Status.FAIL, "no CUDA build"),
     ({"torch_sm75": False}, Status.FAIL, "lacks sm_75"),
-    ({"torch_sm75": None}, Status.WARN, "unknown"),
+    ({"torch_sm75": None}, Status.PASS, "sm_75 kernels"),          # derived from torch's CUDA 13.0
+    ({"torch_sm75": None, "torch_cuda": "10.2"}, Status.FAIL, "lacks sm_75"),
 ])
 def test_torch_checks(versions, status, needle):
     r = by_name(Facts.from_dict(facts_dict(versions=versions)))["torch"]
     assert r.status is status and needle in r.detail
+
+
+def test_torch_sm75_unknown_only_where_nothing_tells():
+    import dataclasses
+    f = Facts.from_dict(facts_dict())
+    f = dataclasses.replace(f, versions=dataclasses.replace(f.versions, torch_sm75=None))
+    r = C.check_torch(f)
+    assert r.status is Status.WARN and "unknown" in r.detail
 
 
 @pytest.mark.parametrize("vllm,status,needle", [

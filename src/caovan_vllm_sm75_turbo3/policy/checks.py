@@ -145,7 +145,9 @@ def check_host_memory(f: Facts) -> CheckResult:
     total = f.host.memory_total_mib
     if total is None:
         return CheckResult("host-memory", Status.WARN, "host memory unknown")
-    detail = f"{total / _GIB:.0f} GiB total, {(f.host.memory_available_mib or 0) / _GIB:.0f} GiB available"
+    avail = f.host.memory_available_mib
+    detail = f"{total / _GIB:.0f} GiB total, " + ("available unknown" if avail is None else
+                                                   f"{avail / _GIB:.0f} GiB available")
     if total < 32 * _GIB:
         return CheckResult("host-memory", Status.FAIL, detail + " (< 32 GiB)",
                            "model load and JIT have been OOM-killed below 32 GiB: add RAM or swap")
@@ -156,20 +158,24 @@ def check_host_memory(f: Facts) -> CheckResult:
 
 
 def check_checkpoint(f: Facts, model: ModelFacts) -> CheckResult:
-    size = model.checkpoint_bytes
+    size = model.size_bytes   # the weight files, else the index's total: what the launcher reads
     if not model.is_dir or size is None:
         return CheckResult("checkpoint", Status.WARN, f"{model.path}: not a local model directory",
                            "pass the model directory to size the checkpoint")
     gib = size / 2**30
     avail = (f.host.memory_available_mib or 0) / _GIB
     room = ((f.host.memory_total_mib or 0) + (f.host.swap_total_mib or 0)) / _GIB
+    source = "" if model.checkpoint_bytes else " (from model.safetensors.index.json: no weight files here)"
     if f.host.memory_total_mib is not None and gib > room:
-        return CheckResult("checkpoint", Status.FAIL, f"checkpoint {gib:.1f} GiB > RAM + swap {room:.0f} GiB",
+        return CheckResult("checkpoint", Status.FAIL, f"checkpoint {gib:.1f} GiB{source} > RAM + swap {room:.0f} GiB",
                            "add swap or RAM, or use a smaller quantised checkpoint")
     if f.host.memory_available_mib is not None and gib > avail:
-        return CheckResult("checkpoint", Status.WARN, f"checkpoint {gib:.1f} GiB > free memory {avail:.0f} GiB",
+        return CheckResult("checkpoint", Status.WARN, f"checkpoint {gib:.1f} GiB{source} > free memory {avail:.0f} GiB",
                            "close other programs before loading; the load may swap")
-    return CheckResult("checkpoint", Status.PASS, f"checkpoint {gib:.1f} GiB fits free memory {avail:.0f} GiB")
+    if f.host.memory_available_mib is None:
+        return CheckResult("checkpoint", Status.PASS, f"checkpoint {gib:.1f} GiB{source} fits RAM + swap {room:.0f} GiB "
+                           "(free memory unknown)")
+    return CheckResult("checkpoint", Status.PASS, f"checkpoint {gib:.1f} GiB{source} fits free memory {avail:.0f} GiB")
 
 
 MACHINE_CHECKS: tuple[Callable[[Facts], CheckResult], ...] = (

@@ -97,7 +97,7 @@ def sampler_guard(facts: Facts, settings: Settings, env: Mapping[str, str],
     return GuardResult((decide(env, SAMPLER_VAR, "0", reason, releases, switch),),
                        status="disabled-probe-failed",
                        warnings=(f"FlashInfer sampler test build failed: {probe.reason}; the sampler stays "
-                                 "off (slower decode: docs/design.md 'Known-good launch parameters'). "
+                                 "off (slower decode: docs/design.md#field-reports). "
                                  "Fix the CUDA toolkit (CUDA_HOME) and start again to re-test.",))
 
 

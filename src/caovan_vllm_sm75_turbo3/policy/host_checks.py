@@ -1,4 +1,4 @@
-"""Host checks (issue 18): what on the host, not in vLLM's arguments, slows decode. Pure
+"""Host checks: what on the host, not in vLLM's arguments, slows decode. Pure
 functions of facts: the CPU frequency governor, each GPU's PCIe link, power limit, persistence
 mode and throttle reasons, and peer-to-peer between the GPUs (all visible ones: tensor parallel
 uses the first of them).

@@ -128,6 +128,8 @@ def make_plan(facts: Facts, settings: Settings, env: Mapping[str, str], args: Vl
     status = {"runtime": runtime.value, "sm75": sm75_line(facts)}
     warnings = list(settings.warnings)
     notes = list(args.notes)
+    if facts.source != "probe":   # what reading the facts file changed (CUDA_VISIBLE_DEVICES)
+        notes += [f"facts: {n}" for n in facts.notes]
     common = dict(runtime=runtime, checks=checks, user_argv=args.argv, notes=tuple(notes),
                   sm75_gpus=facts.sm75_count)
     if not settings.active:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +164,9 @@ class Facts:
                 parts[key] = kind(**known, extra=extra)
             data.pop("source", None)  # where these facts came from is where we read them now
             known, extra = _section(cls, data, "")
+            v = parts["versions"]
+            if v.torch_sm75 is None and v.torch_cuda:   # read as the probe reads it (torch_sm75_from_cuda)
+                parts["versions"] = replace(v, torch_sm75=torch_sm75_from_cuda(v.torch_cuda))
             return cls(gpus=gpus, **parts, **known, source=source, extra=extra)
         except (_Shape, safe_json.BadJson) as err:
             detail = str(err) if isinstance(err, _Shape) else f"the data {err}"
@@ -187,6 +190,16 @@ class Facts:
         if isinstance(data, dict) and isinstance(data.get("facts"), dict):
             data = data["facts"]  # accept a whole `caovan-sm75-doctor --json` report too
         return cls.from_dict(data, source=str(p))
+
+
+# Official PyTorch CUDA wheels that ship sm_75 kernels (every CUDA 11.8 to 13.x build does; CUDA 13
+# dropped sm_50 to sm_70 but kept Turing). A source build may differ.
+_TORCH_CUDA_WITH_SM75 = re.compile(r"^(11\.8|12\.\d+|13\.\d+)$")
+
+
+def torch_sm75_from_cuda(torch_cuda: str) -> bool:
+    """Whether an official torch wheel built for this CUDA version carries sm_75 kernels."""
+    return bool(_TORCH_CUDA_WITH_SM75.match(torch_cuda))
 
 
 class _Shape(CaovanException, ValueError):

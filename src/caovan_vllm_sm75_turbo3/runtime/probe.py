@@ -6,6 +6,7 @@ triton, vllm or flashinfer); tools from their `--version` output.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata as md
 import importlib.util
 import os
@@ -19,13 +20,10 @@ from typing import Any, TypeVar
 
 from .. import __version__
 from . import host as host_mod
-from .facts import Facts, GpuFact, HostFacts, Toolchain, Versions
+from .facts import Facts, GpuFact, HostFacts, Toolchain, Versions, torch_sm75_from_cuda
 
 T = TypeVar("T")
 _MIB = 1024 * 1024
-# Official PyTorch CUDA wheels that ship sm_75 kernels (every CUDA 11.8 to 13.x build does;
-# CUDA 13 dropped sm_50 to sm_70 but kept Turing). A source build may differ: say so.
-_TORCH_CUDA_WITH_SM75 = re.compile(r"^(11\.8|12\.\d+|13\.\d+)$")
 
 
 def _safe(notes: list[str], what: str, fn: Callable[[], T], default: T) -> T:
@@ -209,7 +207,7 @@ def probe(env: Mapping[str, str] | None = None) -> Facts:
         python=platform.python_version(),
         torch=dist_version("torch"),
         torch_cuda=torch_cuda,
-        torch_sm75=bool(_TORCH_CUDA_WITH_SM75.match(torch_cuda)) if torch_cuda else None,
+        torch_sm75=torch_sm75_from_cuda(torch_cuda) if torch_cuda else None,
         triton=dist_version("triton"),
         vllm=vllm_version(),
         flashinfer=dist_version("flashinfer-python", "flashinfer"),
@@ -225,6 +223,20 @@ def probe(env: Mapping[str, str] | None = None) -> Facts:
 def load_facts(path: str = "", env: Mapping[str, str] | None = None) -> Facts:
     """Facts from `path` (the `facts` setting: `--facts` or `CAOVAN_FACTS`), else a fresh probe.
 
-    Raises FactsError only for an unreadable or malformed file the user named.
+    CUDA_VISIBLE_DEVICES is applied to a file's GPUs as the probe applies it to NVML's (the launch
+    will see only those). Raises FactsError only for an unreadable or malformed file the user named.
     """
-    return Facts.load(path) if path else probe(env)
+    env = os.environ if env is None else env
+    return visible_facts(Facts.load(path), env) if path else probe(env)
+
+
+def visible_facts(facts: Facts, env: Mapping[str, str]) -> Facts:
+    """`facts` with only the GPUs CUDA_VISIBLE_DEVICES shows (renumbered in its order), and a note."""
+    spec = env.get("CUDA_VISIBLE_DEVICES")
+    if spec is None or not facts.gpus:
+        return facts
+    gpus = sorted(facts.gpus, key=lambda g: g.index)
+    picked = [dataclasses.replace(gpus[i], index=n) for n, i in enumerate(_visible(len(gpus), env, [g.uuid for g in gpus]))]
+    note = (f"CUDA_VISIBLE_DEVICES={spec!r} applied to the facts file's {len(gpus)} GPU(s): "
+            f"{len(picked)} visible")
+    return dataclasses.replace(facts, gpus=picked, notes=[*facts.notes, note])
