@@ -255,3 +255,28 @@ def test_a_verified_hook_is_not_enough_for_a_kernel_not_checked_on_that_triton(m
     assert got["--kv-cache-dtype"] == "auto" and got["--attention-backend"] == "TRITON_ATTN"
     why = next(a.reason for a in r.args if a.flag == "--kv-cache-dtype")
     assert "our attention kernel was not verified with Triton 3.8.0" in why
+
+
+def test_a_fallback_names_the_rule_it_missed_and_how_to_force_the_fast_profile(tmp_path):
+    import json as _json
+    from pathlib import Path as _Path
+
+    from caovan_vllm_sm75_turbo3.launch import plan_launch
+    from caovan_vllm_sm75_turbo3.policy.vllm_args import read_vllm_args
+
+    root = _Path(__file__).resolve().parents[1]
+    data = _json.loads((root / "examples" / "2x2080ti-22g.json").read_text())
+    data["host"].update(memory_total_mib=32768, memory_available_mib=30000)
+    facts = tmp_path / "f.json"
+    facts.write_text(_json.dumps(data))
+    model = str(root / "examples" / "models" / "qwen3.6-27b-awq")
+    plan = plan_launch({"CAOVAN_FACTS": str(facts)}, read_vllm_args([model]), write=False, fill_args=True).plan
+    miss = [w for w in plan.warnings if w.startswith("profile 2x2080ti-22g-qwen3.5-hybrid-v0.21 not taken")]
+    assert len(miss) == 1, plan.warnings
+    assert "host memory >= 56 GiB; this host has 32 GiB" in miss[0] and "high risk" in miss[0]
+    assert "about 100 tok/s" in miss[0] and "about 45" in miss[0]
+    assert miss[0].endswith("force it with --profile 2x2080ti-22g-qwen3.5-hybrid-v0.21")
+    assert not any("1x2080ti" in w for w in plan.warnings)   # another GPU setup is no near miss
+    forced = plan_launch({"CAOVAN_FACTS": str(facts), "CAOVAN_PROFILE": "2x2080ti-22g-qwen3.5-hybrid-v0.21"},
+                         read_vllm_args([model]), write=False, fill_args=True).plan
+    assert ("--kv-cache-dtype", "fp8") in [(a.flag, a.value) for a in forced.filled_args]

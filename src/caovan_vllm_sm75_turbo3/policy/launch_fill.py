@@ -31,7 +31,7 @@ from . import vllm_versions as vv
 from .memory_plan import MemoryInputs, MemoryPlan, plan_memory
 from .attention import OUR_BACKEND, fp8_kv_on_sm75, our_backend_problem, vllm_fp8_kv_on_sm75
 from .turbo import TurboDecision, decide_turbo
-from .profiles import Family, Profile, ProfileTable, Setup, matches, select, setup_of
+from .profiles import Family, Profile, ProfileTable, Setup, matches, missed_rule, select, setup_of
 from .vllm_args import AUTO_LEN, LaunchNumbers, VllmArgs, check_launch_args
 
 KV_BYTES = dict.fromkeys(FP8_CACHE_DTYPES, 1)  # anything else: the fp16 model dtype, 2 bytes
@@ -214,6 +214,7 @@ def _choose_profile(f: _Filler, table: ProfileTable, setup: Setup, setting: str)
             why = "; ".join(setup.why_unknown) or "no profile for this setup"
             f.warnings.append(f"no launch profile for {setup.describe()} ({why}): conservative defaults "
                               "that start, not the fast ones")
+            f.warnings += [_near_miss(p, rule) for p in table.profiles if (rule := missed_rule(p, setup))]
             profile = table.conservative
     else:
         profile = table.by_name(setting)
@@ -223,6 +224,23 @@ def _choose_profile(f: _Filler, table: ProfileTable, setup: Setup, setting: str)
     f.lines.append(f"profile: {profile.name} ({profile.source.kind}): {profile.source.detail}"
                    + (f" [{profile.source.where}]" if profile.source.where else ""))
     return profile
+
+
+def _near_miss(profile: Profile, rule: str) -> str:
+    """Why a profile that almost matched was not taken, what it would give, and how to force it."""
+    exp = profile.expected
+    gain = (f": about {exp.decode_tok_s:g} tok/s decode in its field report, against about "
+            f"{exp.decode_tok_s_without_mtp:g} without MTP as the conservative defaults run"
+            if exp is not None and exp.decode_tok_s and exp.decode_tok_s_without_mtp else "")
+    risk = (" (high risk, not necessarily unable to start: a 27B checkpoint loads through host RAM and has been "
+            "OOM-killed on small hosts; add swap)" if "host memory" in rule else "")
+    launch = profile.launch
+    runs = [f"MTP with {launch['speculative_tokens']} draft tokens" if launch.get("speculative_tokens") else "",
+            f"{launch['kv_cache_dtype']} KV" if launch.get("kv_cache_dtype") else "",
+            f"context up to {launch['max_model_len_cap']:,}" if launch.get("max_model_len_cap") else "",
+            "prefix caching" if launch.get("prefix_caching") else ""]
+    return (f"profile {profile.name} not taken: {rule}{risk}. It runs {', '.join(r for r in runs if r)}{gain}; "
+            f"force it with --profile {profile.name}")
 
 
 def _fill_without_shape(f: _Filler, launch: dict[str, Any], profile: str) -> None:

@@ -361,6 +361,23 @@ def matches(profile: Profile, setup: Setup) -> bool:
     return minor_key(m.vllm_min) <= minor_key(setup.vllm) <= minor_key(m.vllm_max)
 
 
+def missed_rule(profile: Profile, setup: Setup) -> str | None:
+    """The one rule of `profile` for this GPU setup and model family that `setup` fails (host memory
+    or the vLLM range), in words with both numbers; None when it fails none, more than one, or is
+    for other GPUs or models (then it is not a near miss)."""
+    m = profile.match
+    if m is None or setup.vllm is None or setup.host_gib is None or setup.gpu_class is None:
+        return None
+    if (m.gpu_count, m.gpu_class, m.family) != (setup.gpu_count, setup.gpu_class, setup.family):
+        return None   # another machine or model: nothing to force
+    failed = []
+    if setup.host_gib < m.host_min_gib or (m.host_max_gib is not None and setup.host_gib > m.host_max_gib):
+        failed.append(f"it needs host memory >= {m.host_min_gib:g} GiB; this host has {setup.host_gib:.0f} GiB")
+    if not minor_key(m.vllm_min) <= minor_key(setup.vllm) <= minor_key(m.vllm_max):
+        failed.append(f"it is for vLLM {m.vllm_min}-{m.vllm_max}; this is vLLM {setup.vllm}")
+    return failed[0] if len(failed) == 1 else None
+
+
 def select(table: ProfileTable, setup: Setup) -> Profile | None:
     """The one profile for `setup`, or None. Two matches mean the table is broken."""
     found = [p for p in table.profiles if matches(p, setup)]
