@@ -55,3 +55,24 @@ def test_doctor_runs_from_the_wheel_without_torch_or_vllm(wheel, tmp_path):
     assert r.returncode == 0 and "runtime=PASS" in r.stdout, r.stdout + r.stderr
     r = subprocess.run([str(doctor), "--json"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and '"torch"' in r.stdout and "Traceback" not in r.stderr
+
+
+def test_the_readmes_install_commands_install_from_a_checkout(tmp_path):
+    # The README's own install block, run as written from a checkout, into a fresh environment.
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("## Install", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    commands = [line.split("#", 1)[0].split() for line in block.strip().splitlines()]
+    assert commands[0][:2] == ["pip", "install"] and commands[1] == ["caovan-sm75-doctor"]
+    env_dir = tmp_path / "fresh"
+    venv.create(env_dir, with_pip=True)
+    bin_dir = env_dir / "bin"
+    r = subprocess.run([str(bin_dir / "python"), "-m", *commands[0], "-q"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    doctor = subprocess.run([str(bin_dir / commands[1][0])], capture_output=True, text=True, timeout=60)
+    if Path("/dev/nvidiactl").exists():
+        pytest.skip("this machine has an NVIDIA driver")
+    # What the README says the doctor does where vLLM and a GPU are missing: it names them, exit 2.
+    assert doctor.returncode == 2 and "runtime=FAIL" in doctor.stdout, doctor.stdout + doctor.stderr
+    assert "vLLM is not installed" in doctor.stdout and "no NVIDIA GPU" in doctor.stdout
+    assert "Traceback" not in doctor.stderr
