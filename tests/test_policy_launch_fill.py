@@ -280,3 +280,29 @@ def test_a_fallback_names_the_rule_it_missed_and_how_to_force_the_fast_profile(t
     forced = plan_launch({"CAOVAN_FACTS": str(facts), "CAOVAN_PROFILE": "2x2080ti-22g-qwen3.5-hybrid-v0.21"},
                          read_vllm_args([model]), write=False, fill_args=True).plan
     assert ("--kv-cache-dtype", "fp8") in [(a.flag, a.value) for a in forced.filled_args]
+
+
+def test_mtp_with_prefix_caching_on_a_hybrid_model_names_the_upstream_bugs_per_release(tmp_path):
+    import json as _json
+    from pathlib import Path as _Path
+
+    from caovan_vllm_sm75_turbo3.launch import plan_launch
+    from caovan_vllm_sm75_turbo3.policy.vllm_args import read_vllm_args
+
+    root = _Path(__file__).resolve().parents[1]
+    model = str(root / "examples" / "models" / "qwen3.6-27b-awq")
+
+    def bugs(vllm: str, triton: str, *argv: str) -> list[str]:
+        data = _json.loads((root / "examples" / "2x2080ti-22g.json").read_text())
+        data["versions"].update(vllm=vllm, triton=triton)
+        facts = tmp_path / f"f{vllm}.json"
+        facts.write_text(_json.dumps(data))
+        plan = plan_launch({"CAOVAN_FACTS": str(facts)}, read_vllm_args([model, *argv]), write=False,
+                           fill_args=True).plan
+        return [w.split(" ")[2] for w in plan.warnings if w.startswith("upstream bug ")]
+
+    assert bugs("0.21.0", "3.6.0") == ["mtp-prefix-cache-wrong-output"]
+    assert bugs("0.27.0", "3.7.1") == ["mtp-prefix-cache-wrong-output", "mtp-prefix-cache-lost-hits"]
+    assert bugs("0.34.0", "3.8.0") == ["mtp-prefix-cache-lost-hits"]
+    # without speculative decoding neither applies
+    assert bugs("0.27.0", "3.7.1", "--speculative-config", "null") == []

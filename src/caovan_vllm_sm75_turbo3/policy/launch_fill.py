@@ -31,6 +31,7 @@ from . import vllm_versions as vv
 from .memory_plan import MemoryInputs, MemoryPlan, plan_memory
 from .attention import OUR_BACKEND, fp8_kv_on_sm75, our_backend_problem, vllm_fp8_kv_on_sm75
 from .turbo import TurboDecision, decide_turbo
+from .upstream_bugs import bugs_for
 from .profiles import Family, Profile, ProfileTable, Setup, matches, missed_rule, select, setup_of
 from .vllm_args import AUTO_LEN, LaunchNumbers, VllmArgs, check_launch_args
 
@@ -199,7 +200,8 @@ def fill_launch(facts: Facts, model: ModelFacts | None, profile_setting: str, ar
         kv_cache_bytes=KV_BYTES.get(kv, 2), speculative_tokens=draft, mtp_layers=shape.mtp_layers if draft else 0)
     memory, seqs = _fill_memory(f, launch, shape, inputs)
     _fill_batched_tokens(f, launch, profile.name)
-    _fill_prefix_caching(f, launch, shape, version)
+    prefix_on = _fill_prefix_caching(f, launch, shape, version)
+    _warn_upstream_bugs(f, shape, draft, prefix_on, version)
     _fill_cuda_graphs(f, launch, shape, draft, seqs)
     _fill_all_reduce(f, launch, tp, profile.name)
     _fill_extra_args(f, launch, profile.name)
@@ -412,8 +414,8 @@ def _fill_batched_tokens(f: _Filler, launch: dict[str, Any], profile: str) -> No
         f.fill("--max-num-batched-tokens", str(batched), f"profile {profile}: the prefill chunk")
 
 
-def _fill_prefix_caching(f: _Filler, launch: dict[str, Any], shape: ModelShape, version: str | None) -> None:
-    """Prefix caching, and the mamba cache mode it needs on hybrid models."""
+def _fill_prefix_caching(f: _Filler, launch: dict[str, Any], shape: ModelShape, version: str | None) -> bool:
+    """Prefix caching, and the mamba cache mode it needs on hybrid models; whether it is on."""
     prefix_user = f.user_value("--enable-prefix-caching")
     if launch.get("prefix_caching"):
         f.fill("--enable-prefix-caching", None, "reuse the cache of shared prompt prefixes (chat history, tools)")
@@ -421,6 +423,14 @@ def _fill_prefix_caching(f: _Filler, launch: dict[str, Any], shape: ModelShape, 
         prefix_user is None and bool(launch.get("prefix_caching")))
     if shape.is_hybrid and prefix_on and mamba_align_effective(version):
         f.fill("--mamba-cache-mode", "align", f"prefix caching on a hybrid GDN model needs align mode in vLLM {version}")
+    return prefix_on
+
+
+def _warn_upstream_bugs(f: _Filler, shape: ModelShape, draft: int, prefix_on: bool, version: str | None) -> None:
+    """The upstream bugs this launch meets (data/upstream_bugs.json): MTP is kept for its speed (the
+    field report's 100 against 45 tok/s), and each bug is a warning with its sources and a check."""
+    for bug in bugs_for(version, speculative=bool(draft), prefix_caching=prefix_on, hybrid_gdn=shape.is_hybrid):
+        f.warnings.append(bug.warning(version))
 
 
 def _fill_cuda_graphs(f: _Filler, launch: dict[str, Any], shape: ModelShape, draft: int, seqs: int) -> None:
