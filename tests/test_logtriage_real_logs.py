@@ -17,6 +17,7 @@ LOGS = Path(__file__).resolve().parent / "data" / "logs"
 CASES = {
     "real_vllm027_healthy_facts.log": (0, None, "", True),                 # plugin with SM75 facts, warmup, bench
     "real_vllm027_caovan_vllm_serve_no_gpu.log": (0, None, "", True),      # our banner says runtime=FAIL
+    "real_vllm027_hybrid_gdn.log": (0, None, "", True),                    # Qwen3-Next, float32 SSM cache
     "real_vllm027_port_in_use.log": (2, "address-in-use", "Address already in use", False),
     "real_vllm027_missing_model.log": (2, "model-not-found", "does-not-exist", False),
     "real_vllm027_bad_flag.log": (2, "bad-argument", "--no-such-flag", False),
