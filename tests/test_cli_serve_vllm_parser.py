@@ -134,7 +134,7 @@ def test_our_reading_of_additional_config_matches_vllms(vllm_parser):
 def test_our_flags_do_not_collide_with_vllm_serve(vllm_parser):
     options = set(vllm_parser["options"])
     ours = set(BOOL_FLAGS + VALUE_FLAGS) - {"-h", "--help"}
-    assert ours == {"--dry-run", "--json", "--facts", "--profile", "--cache-dir"}
+    assert ours == {"--dry-run", "--json", "--facts", "--profile", "--cache-dir", "--version"}
     assert not (ours & options), ours & options
     assert "--additional-config" in options  # the check sees the real option list
 

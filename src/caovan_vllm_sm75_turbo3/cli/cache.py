@@ -18,7 +18,8 @@ from ..caches.layout import ENVS, cache_root
 from ..config import load_settings
 from ..errors import CaovanError
 from ..runtime.probe import load_facts
-from .common import print_json, run_cli
+from ..textsafe import shown
+from .common import OneLineParser, print_json, run_cli
 
 PROG = "caovan-sm75-cache"
 OUTSIDE_FLAG = "--yes-outside-home-cache"
@@ -26,8 +27,9 @@ OUTSIDE_WAIT_S = 120.0  # the second question on a terminal: no answer in time i
 
 
 def _s(value: object) -> str:
-    """`value` printable on any terminal: bytes of a file name that are not UTF-8 shown as \\xNN."""
-    return str(value).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    """`value` printable on any terminal, on one line: bytes of a file name that are not UTF-8 shown as
+    \\xNN, then control and invisible characters escaped (textsafe.shown)."""
+    return shown(str(value).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace"))
 
 
 def _common(p: argparse.ArgumentParser, suppress: bool) -> None:
@@ -42,7 +44,7 @@ def _common(p: argparse.ArgumentParser, suppress: bool) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog=PROG,
         description="Show the JIT caches (ours, one directory per environment key, and the shared "
                     "defaults a plain vLLM run fills) and clean them safely.",

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TextIO
 
 from ..errors import CaovanError
+from ..textsafe import safe
 
 EXIT_BROKEN_PIPE = 141
 
@@ -41,6 +42,9 @@ class _GuardedStdout:
     def write(self, text: str) -> int:
         try:
             return self._stream.write(text)
+        except UnicodeEncodeError:   # a lone surrogate or a narrow terminal encoding: escape, never crash
+            enc = getattr(self._stream, "encoding", None) or "utf-8"
+            return self.write(text.encode(enc, "backslashreplace").decode(enc))
         except OSError as err:
             raise _OutputFailed(err) from None
 
@@ -89,7 +93,7 @@ def run_cli(prog: str, main: Callable[[Sequence[str]], int], argv: Sequence[str]
         sys.stdout.flush()  # fail here, while we can still say so, not at interpreter exit
         return code
     except CaovanError as err:
-        _say(f"{prog}: error: {err}")
+        _say(f"{prog}: error: {safe(err)}")
         return err.exit_code
     except KeyboardInterrupt:
         _say(f"{prog}: interrupted")
@@ -131,7 +135,7 @@ class OneLineParser(argparse.ArgumentParser):
     """Refusals are one line (`prog: error: ...`, exit 2), without the usage block."""
 
     def error(self, message: str) -> NoReturn:
-        print(f"{self.prog}: error: {' '.join(message.split())} (see --help)", file=sys.stderr)
+        print(f"{self.prog}: error: {safe(' '.join(message.split()))} (see --help)", file=sys.stderr)
         sys.exit(2)
 
 

@@ -15,13 +15,14 @@ from ..policy.checks import CheckResult, Status, rollup, run_checks, sm75_line
 from ..runtime.facts import Facts
 from ..runtime.model import ModelFacts, read_model
 from ..runtime.probe import load_facts
-from .common import json_text, print_json, run_cli
+from ..textsafe import redact_tree, safe
+from .common import json_text, OneLineParser, print_json, run_cli
 
 PROG = "caovan-sm75-doctor"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog=PROG,
         description="Report whether this machine can serve vLLM on Turing (SM75) GPUs, what is wrong "
                     "and how to fix it. Starts nothing and never creates a CUDA context.",
@@ -76,7 +77,7 @@ def print_text(facts: Facts, results: list[CheckResult], settings: Settings, wit
     for line in (header(), f"runtime={status.value}", f"sm75={sm75_line(facts)}"):
         console.print(line, markup=False)
     if facts.source != "probe":
-        console.print(f"facts={facts.source}", markup=False)
+        console.print(f"facts={safe(facts.source)}", markup=False)
     if not facts.gpus:
         console.print("[bold]No NVIDIA GPU is visible on this machine: it cannot serve with vLLM here.[/bold]")
     colour = {Status.PASS: "green", Status.WARN: "yellow", Status.FAIL: "red"}
@@ -84,21 +85,22 @@ def print_text(facts: Facts, results: list[CheckResult], settings: Settings, wit
     for col in ("check", "status", "detail", "remedy"):
         table.add_column(col, overflow="fold")
     for r in results:
-        table.add_row(Text(r.name), Text(r.status.value, style=colour[r.status]), Text(r.detail), Text(r.remedy))
+        table.add_row(Text(r.name), Text(r.status.value, style=colour[r.status]), Text(safe(r.detail)),
+                      Text(safe(r.remedy)))
     console.print(table)
     v = facts.versions
-    console.print(f"python {v.python or '-'}  torch {v.torch or '-'}  triton {v.triton or '-'}  "
-                  f"vllm {v.vllm or '-'}  flashinfer {v.flashinfer or '-'}  driver {v.driver or '-'}", markup=False)
+    console.print(safe(f"python {v.python or '-'}  torch {v.torch or '-'}  triton {v.triton or '-'}  "
+                       f"vllm {v.vllm or '-'}  flashinfer {v.flashinfer or '-'}  driver {v.driver or '-'}"), markup=False)
     for note in [*facts.notes, *(f"model: {n}" for n in (model.notes if model else []))]:
-        console.print(f"note: {note}", markup=False)
+        console.print(f"note: {safe(note)}", markup=False)
     for w in settings.warnings:
-        console.print(f"warning: {w}", markup=False)
+        console.print(f"warning: {safe(w)}", markup=False)
     if with_settings:
         st = Table(title="settings")
         for col in ("variable", "value", "source"):
             st.add_column(col)
         for row in settings_rows(settings):
-            st.add_row(*(Text(str(row[k])) for k in ("variable", "value", "source")))
+            st.add_row(*(Text(safe(row[k])) for k in ("variable", "value", "source")))
         console.print(st)
 
 
@@ -125,7 +127,7 @@ def triage_log(args: argparse.Namespace) -> int:
     if args.facts or args.model or args.settings:
         raise CaovanError("--log reads a log only: drop --facts, --model and --settings")
     result = triage_path(args.log)
-    print(json_text(result.to_dict()) if args.json else render_text(result))
+    print(json_text(redact_tree(result.to_dict())) if args.json else render_text(result))
     return result.exit_code
 
 

@@ -11,13 +11,13 @@ import argparse
 from collections.abc import Sequence
 
 from .. import __version__
-from .common import print_json, run_cli
+from .common import OneLineParser, print_json, run_cli
 
 PROG = "caovan-sm75-kernels"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog=PROG,
         description="Offline checks of the Turbo kernels (Turing tensor cores for allowlisted Triton kernels).")
     p.add_argument("--version", action="version", version=f"{PROG} {__version__}")

@@ -22,7 +22,8 @@ from ..launch import Prepared, apply_env, plan_launch
 from ..policy.banner import banner_lines
 from ..policy.plan import Plan
 from ..policy.vllm_args import canonical, read_vllm_args
-from .common import print_json, run_cli
+from ..textsafe import redact_argv, safe
+from .common import OneLineParser, print_json, run_cli
 
 PROG = "caovan-vllm-serve"
 # Our flags; a test checks that vLLM 0.21's `vllm serve` parser has none of them.
@@ -31,7 +32,7 @@ VALUE_FLAGS = ("--facts", "--profile", "--cache-dir")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog=PROG, allow_abbrev=False,
         usage=f"{PROG} MODEL [vLLM serve arguments] [--dry-run] [--json] [--facts FILE] "
               "[--profile NAME] [--cache-dir DIR]",
@@ -72,7 +73,9 @@ def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
         token = argv[i]
         name, eq, _ = token.partition("=")
         name = canonical(name) if name.startswith("--") else name
-        if name in BOOL_FLAGS and not eq:
+        if name in BOOL_FLAGS and eq:   # `--dry-run=true` must never reach vLLM and start a real launch
+            raise CaovanError(f"{name} takes no value (got {token!r}): give {name} alone")
+        if name in BOOL_FLAGS:
             ours.append(name)
         elif name in VALUE_FLAGS:
             if eq:
@@ -121,12 +124,12 @@ def stop_reason(prepared: Prepared, program: str | None) -> str | None:
 def plan_text(plan: Plan, program: str | None, stop: str | None) -> list[str]:
     """The dry-run report: the banner, then the final command and what a launch would do."""
     lines = banner_lines(plan)
-    lines.append("argv: " + shlex.join(plan.argv))
-    lines.append("vllm_program: " + (program or "not found"))
+    lines.append("argv: " + safe(shlex.join(redact_argv(plan.argv))))
+    lines.append("vllm_program: " + safe(program or "not found"))
     if stop:
-        lines.append(f"launch: would stop: {stop}")
+        lines.append(f"launch: would stop: {safe(stop)}")
     elif plan.failures:
-        lines.append("launch: would exec vLLM, which is expected to fail: " + "; ".join(plan.failures))
+        lines.append("launch: would exec vLLM, which is expected to fail: " + safe("; ".join(plan.failures)))
     elif plan.active and not plan.sm75_gpus:
         lines.append("launch: would exec vLLM untouched (no SM75 GPU visible: nothing of ours applies)")
     else:
@@ -147,7 +150,7 @@ def main(argv: Sequence[str]) -> int:
     program = _program()
     stop = stop_reason(prepared, program)
     if opts.json:
-        print_json({**plan.to_dict(), "vllm_program": program, "dry_run": True,
+        print_json({**plan.to_dict(), "argv": redact_argv(plan.argv), "vllm_program": program, "dry_run": True,
                     "launch": "stop" if stop else "exec-expected-to-fail" if plan.failures else "exec",
                     "stop_reason": stop})
     elif dry:

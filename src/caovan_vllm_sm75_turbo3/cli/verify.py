@@ -19,14 +19,14 @@ from typing import Any
 
 from .. import __version__
 from ..errors import CaovanError
-from .common import print_json, run_cli
+from .common import OneLineParser, print_json, run_cli
 
 PROG = "caovan-sm75-verify"
 ERROR_RATIO_MAX = 2.0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog=PROG,
         description="Check the Turbo (tensor-core) builds of the allowlisted Triton kernels against float64 "
                     "references on this machine's SM75 GPU: PASS/FAIL per kernel, in under a minute.",

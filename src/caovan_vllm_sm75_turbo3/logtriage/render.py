@@ -5,6 +5,7 @@ from __future__ import annotations
 import textwrap
 
 from ..policy.banner import header
+from ..textsafe import safe
 from .triage import Finding, Triage
 
 WIDTH = 100
@@ -76,4 +77,4 @@ def render_text(t: Triage) -> str:
              else "the log does not show the server becoming ready (no 'Application startup complete')")
     http = f"; HTTP answers: {t.http_ok} 2xx, {t.http_error} 5xx" if t.http_ok or t.http_error else ""
     out.append(f"Verdict: {VERDICT_WORDS[t.verdict]} (exit {t.exit_code}); {ready}{http}.")
-    return "\n".join(out)
+    return "\n".join(safe(line) for line in out)   # the log's text: printable, one line each, no secret

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 from .. import __version__
+from ..textsafe import safe
 from .checks import Status
 from .plan import Plan
 
@@ -39,7 +40,7 @@ def banner_lines(plan: Plan) -> list[str]:
             lines.append(f"check {c.name}={c.status.value}: {c.detail}" + (f" -> {c.remedy}" if c.remedy else ""))
     lines += [f"warning: {w}" for w in plan.warnings]
     lines += [f"note: {n}" for n in plan.notes]
-    return lines
+    return [safe(line) for line in lines]   # user and model text inside: one printable line each, no secret
 
 
 # The applied mark's value when the first process set nothing: "<who>; nothing applied: <why>"

@@ -100,6 +100,7 @@ def read_vllm_args(argv: Sequence[str]) -> VllmArgs:
     dotted: dict[str, Any] = {}
     notes: list[str] = []
     model = args[0] if args and not args[0].startswith("-") else None
+    model_flag: str | None = None   # the last --model: argparse keeps the last; the positional wins over it
     i = 1 if model is not None else 0
     while i < len(args):
         token = args[i]
@@ -129,11 +130,12 @@ def read_vllm_args(argv: Sequence[str]) -> VllmArgs:
                 raise SettingError(f"{ADDITIONAL_CONFIG} needs a JSON object, e.g. "
                                    f"{ADDITIONAL_CONFIG} '{{\"caovan\":true}}'.")
             plain_config = str(value)
-        if name == "--model" and model is None and isinstance(value, str):
-            model = value
+        if name == "--model" and isinstance(value, str):
+            model_flag = value
         if name.startswith("--no-") and value is True:
             flags[canonical("--" + name[5:])] = False
         flags[name] = value
+    model = model if model is not None else model_flag
     if plain_config is not None:
         config = parse_additional_config(plain_config)  # validated even when dotted keys replace it
     else:
@@ -253,9 +255,11 @@ def _check_number(rule: ArgRule, raw: str | bool) -> tuple[int | float | None, s
 
 def _model_error(args: VllmArgs) -> str | None:
     """Why the model argument is missing or empty (a `--config` YAML may name it: not read)."""
+    what = "a local model directory or a Hugging Face model name"
+    if args.flags.get(MODEL_FLAG) is True:   # `--model` last, or before another flag: vLLM's parser refuses it
+        return f"{MODEL_FLAG} needs a value: {what}"
     if args.model:
         return None
-    what = "a local model directory or a Hugging Face model name"
     if args.given(MODEL_FLAG):
         return f"{MODEL_FLAG} needs a value: {what}"
     if args.model == "":

@@ -1,32 +1,21 @@
-"""Where a server is and how we authenticate to it: the address check, the API key's source and
-check, and redaction of secrets (URL passwords, the key) from every message we print."""
+"""Where a server is and how we authenticate to it: the address check and the API key's source and
+check. Secrets are hidden by textsafe.redact, the one redaction function (re-exported here)."""
 
 from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from urllib.parse import SplitResult, urlsplit
 
 import httpx
 
 from ..errors import SettingError
+from ..textsafe import redact
 
 # The server's own key variable first: OPENAI_API_KEY may belong to another service.
 API_KEY_VARS = ("VLLM_API_KEY", "OPENAI_API_KEY")
-_MIN_SECRET = 4  # shorter "secrets" would blank out ordinary words
-# scheme://user:password@ -> scheme://user:***@ (the password may itself hold '@': up to the last one)
-_URL_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^/?#\s:@]*):[^/?#\s]*@")
 _HEADER_SAFE_KEY = re.compile(r"[\x21-\x7e]+")
-
-
-def redact(text: str, secrets: Iterable[str] = ()) -> str:
-    """`text` with URL passwords (`user:pass@` -> `user:***@`) and each of `secrets` replaced by `***`."""
-    text = _URL_PASSWORD.sub(r"\g<head>:***@", text)
-    for secret in secrets:
-        if len(secret) >= _MIN_SECRET:
-            text = text.replace(secret, "***")
-    return text
 
 
 def check_api_key(key: str, source: str) -> None:

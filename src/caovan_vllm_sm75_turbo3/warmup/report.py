@@ -5,9 +5,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..textsafe import shown
+
 READY_LINE = "[Caovan] warmup=READY"
 OK, FAILED, SKIPPED, NOT_RUN = "ok", "failed", "skipped", "not-run"
 READINESS = "readiness"
+
+
+MAX_REASON = 1000   # characters of a reason or note printed (a server may send megabytes)
 
 
 @dataclass
@@ -51,7 +56,7 @@ class ServerReport:
     def fail(self, step: str, reason: str, exit_code: int) -> None:
         """Record the first failure; later ones never overwrite it."""
         if self.failed_step is None:
-            self.failed_step, self.reason, self.exit_code = step, reason, exit_code
+            self.failed_step, self.reason, self.exit_code = step, shown(reason, MAX_REASON), exit_code
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict, with cold/warm latency side by side for the steps run twice."""

@@ -16,12 +16,13 @@ from functools import partial
 from typing import Any, Protocol
 
 from ..server_api.address import redact
+from ..textsafe import shown
 from ..server_api.client import Reply, ServerClient
 from ..server_api.transport import Deadline, Rejected, StepError, Unreachable
 from .ladder import LadderConfig, Step, build_ladder, warm_pass
 from ..server_api.prompts import TOOLS, FittedPrompt, PromptFitter, chat_messages, short_question
 from ..server_api.readiness import NotReady, wait_until_ready
-from .report import FAILED, NOT_RUN, OK, READINESS, SKIPPED, ServerReport, StepResult, WarmupReport
+from .report import FAILED, MAX_REASON, NOT_RUN, OK, READINESS, SKIPPED, ServerReport, StepResult, WarmupReport
 
 EXIT_STEP_FAILED = 1
 _TOKENIZE_TIMEOUT_S = 60.0
@@ -97,7 +98,9 @@ def _run_all(runner: _StepRunner, steps: list[Step], prefix: str, report: Server
             continue
         progress.step_started(label, step)
         result = runner.run(step, label)
-        result.reason, result.note = runner.client.redact(result.reason), runner.client.redact(result.note)
+        # Server text is data: one printable line, bounded, no secret (textsafe).
+        result.reason = shown(runner.client.redact(result.reason), MAX_REASON)
+        result.note = shown(runner.client.redact(result.note), MAX_REASON)
         progress.step_finished(label, result)
         results.append(result)
         if result.status == FAILED:
