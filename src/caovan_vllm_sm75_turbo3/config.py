@@ -27,11 +27,12 @@ _MAX_INT = 10**9
 
 def _setting(default: Any, doc: str, *, kind: str | None = None, choices: tuple[str, ...] = (),
              config_key: str | None = None, cli_flag: str | None = None,
-             minimum: int | None = None) -> Any:
-    """Declare one setting as a dataclass field; the metadata drives parsing and docs."""
+             minimum: int | None = None, accepts: str = "") -> Any:
+    """Declare one setting as a dataclass field; the metadata drives parsing and docs. `accepts`
+    words a string setting's values (default: a non-empty string)."""
     kind = kind or {bool: "bool", int: "int", str: "choice" if choices else "str"}[type(default)]
     meta = {"doc": doc, "kind": kind, "choices": choices, "config_key": config_key,
-            "cli_flag": cli_flag, "minimum": minimum}
+            "cli_flag": cli_flag, "minimum": minimum, "accepts": accepts}
     return field(default=default, metadata=meta)
 
 
@@ -63,7 +64,8 @@ class Settings:
     timeout_guard: bool = _setting(
         True, "Raise vLLM's cold-start timeouts (execute, iteration, RPC) where the release has them.")
     execute_timeout_s: int = _setting(
-        1800, "Seconds for the cold-start timeouts set by the timeout guard.", minimum=60)
+        1800, "Seconds for the cold-start timeouts set by the timeout guard; never below vLLM's 300 s.",
+        minimum=300)
     arch_guard: bool = _setting(
         True, "Build JIT extensions for sm_75 only (TORCH_CUDA_ARCH_LIST, FLASHINFER_CUDA_ARCH_LIST).")
     cache_isolation: bool = _setting(
@@ -77,7 +79,7 @@ class Settings:
         kind="path", cli_flag="--facts")
     profile: str = _setting(
         "auto", "Launch profile: a profile name, auto (match the hardware and model) or none.",
-        cli_flag="--profile")
+        cli_flag="--profile", accepts="auto, none or a profile name")
 
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
     warnings: tuple[str, ...] = field(default=(), compare=False, repr=False)
@@ -105,6 +107,7 @@ class SettingSpec:
     config_key: str
     cli_flag: str | None
     minimum: int | None
+    accepts: str = ""
 
     def accepted(self) -> str:
         """Human words for the accepted values."""
@@ -115,8 +118,8 @@ class SettingSpec:
         if self.kind == "int":
             return f"a whole number >= {self.minimum}" if self.minimum is not None else "a whole number"
         if self.kind == "path":
-            return "a file or directory path"
-        return "a string"
+            return "an absolute path, or empty" if self.name == "cache_dir" else "a file path, or empty"
+        return self.accepts or "a non-empty string"
 
 
 def specs() -> tuple[SettingSpec, ...]:
@@ -129,7 +132,7 @@ def specs() -> tuple[SettingSpec, ...]:
         out.append(SettingSpec(
             name=f.name, kind=m["kind"], default=f.default, doc=m["doc"], choices=m["choices"],
             env_var=ENV_PREFIX + f.name.upper(), config_key=m["config_key"] or CONFIG_PREFIX + f.name,
-            cli_flag=m["cli_flag"], minimum=m["minimum"]))
+            cli_flag=m["cli_flag"], minimum=m["minimum"], accepts=m["accepts"]))
     return tuple(out)
 
 
@@ -170,12 +173,15 @@ def _parse(spec: SettingSpec, raw: Any, where: str) -> Any:
             raise bad()
         return text.lower()
     if spec.kind == "path":
+        if raw and not text:   # blanks are a mistake, as for every other setting; empty means the default
+            raise bad()
         path = os.path.expanduser(text) if text else ""
-        if spec.name == "cache_dir" and path:  # absolute once, here: every later reader sees the same root
+        if spec.name == "cache_dir" and path:
             if path.startswith("~"):
                 raise SettingError(f"{where}={safe_json.short(raw)} is not accepted: {path.split('/')[0]} "
                                    "cannot be expanded (no such user); use an absolute path.")
-            path = os.path.abspath(path)
+            if not os.path.isabs(path):   # each vLLM process may start in another directory
+                raise bad()
         return path
     if not text:
         raise bad()

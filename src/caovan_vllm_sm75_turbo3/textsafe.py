@@ -29,7 +29,11 @@ _URL_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^/?#\s:@]*):[
 _HF_TOKEN = re.compile(r"\bhf_[A-Za-z0-9]{8,}")
 _BEARER = re.compile(r"(?i)(?P<head>\bbearer\s+)[A-Za-z0-9._~+/=-]{8,}")
 SECRET_FLAGS = ("--api-key", "--hf-token")
-_SECRET_FLAG = re.compile(r"(?P<head>--(?:api-key|hf-token|token)(?:=|\s+|'\s+'|\"\s+\"))(?P<q>['\"]?)[^\s'\"]+")
+# A flag's value is taken for a secret when it has a digit (prose after a flag name, "--api-key
+# contains ...", has none); vLLM's "non-default args" dict ('api_key': ['...']) always is.
+_SECRET_FLAG = re.compile(r"(?P<head>--(?:api-key|hf-token|token)(?:=|\s+|'\s+'|\"\s+\"))(?P<q>['\"]?)"
+                          r"(?=[^\s'\"]*\d)[^\s'\"]+")
+_SECRET_KEY = re.compile(r"(?P<head>['\"](?:api_key|hf_token|token)['\"]\s*:\s*\[?\s*['\"])[^'\"]+")
 _SECRET_VAR = re.compile(r"(?P<head>\b[A-Z0-9_]*(?:TOKEN|API_KEY|SECRET|PASSWORD)[A-Z0-9_]*\s*[=:]\s*)"
                          r"(?P<q>['\"]?)[^\s'\",;]+")
 
@@ -60,6 +64,7 @@ def redact(text: str, secrets: Iterable[str] = ()) -> str:
     text = _HF_TOKEN.sub(f"hf_{HIDDEN}", text)
     text = _BEARER.sub(rf"\g<head>{HIDDEN}", text)
     text = _SECRET_FLAG.sub(rf"\g<head>\g<q>{HIDDEN}", text)
+    text = _SECRET_KEY.sub(rf"\g<head>{HIDDEN}", text)
     text = _SECRET_VAR.sub(rf"\g<head>\g<q>{HIDDEN}", text)
     for secret in secrets:
         if len(secret) >= _MIN_SECRET:

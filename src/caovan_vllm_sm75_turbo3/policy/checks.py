@@ -159,9 +159,13 @@ def check_host_memory(f: Facts) -> CheckResult:
 
 def check_checkpoint(f: Facts, model: ModelFacts) -> CheckResult:
     size = model.size_bytes   # the weight files, else the index's total: what the launcher reads
-    if not model.is_dir or size is None:
+    if not model.is_dir:
         return CheckResult("checkpoint", Status.WARN, f"{model.path}: not a local model directory",
                            "pass the model directory to size the checkpoint")
+    if size is None:
+        return CheckResult("checkpoint", Status.WARN, f"{model.path}: no weight files and no "
+                           "model.safetensors.index.json: checkpoint size unknown",
+                           "pass the directory that holds the weights")
     gib = size / 2**30
     avail = (f.host.memory_available_mib or 0) / _GIB
     room = ((f.host.memory_total_mib or 0) + (f.host.swap_total_mib or 0)) / _GIB
