@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import unicodedata
 from pathlib import Path
 
@@ -121,3 +122,48 @@ def test_an_unknown_flag_is_one_line_everywhere(tmp_path, command):
 
 def test_an_error_line_is_escaped_and_redacted():
     assert safe("bad\n[Caovan] warmup=READY\x1b]0;t\x07 " + HF) == "bad\\n[Caovan] warmup=READY\\x1b]0;t\\x07 hf_***"
+
+
+# -- a server's reply is checked before it is believed ----------------------------------------------
+
+from helpers.hostile_server import MODEL as HOSTILE_MODEL  # noqa: E402
+from helpers.hostile_server import HostileServer  # noqa: E402
+
+
+def _client(command: str, url: str, *args: str, timeout: float = 60) -> tuple[subprocess.CompletedProcess, float]:
+    start = time.monotonic()
+    r = subprocess.run([str(BIN / command), "--api-base", url, "--model", HOSTILE_MODEL, *args], capture_output=True,
+                       text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    return r, time.monotonic() - start
+
+
+@pytest.mark.parametrize("command", ["caovan-sm75-warmup", "caovan-sm75-bench"])
+def test_deep_json_is_a_bad_reply_not_a_traceback(command):
+    with HostileServer("deep-json") as url:
+        r, _ = _client(command, url, "--wait", "5")
+    assert r.returncode != 0 and "Traceback" not in r.stderr and "RecursionError" not in r.stdout + r.stderr
+
+
+def test_impossible_usage_counts_are_a_bad_reply():
+    with HostileServer("bad-usage") as url:
+        bench, _ = _client("caovan-sm75-bench", url, "--prompt-tokens", "16", "--output-tokens", "4",
+                           "--concurrency", "1", "--repeats", "1")
+        warm, _ = _client("caovan-sm75-warmup", url)
+    assert bench.returncode == 1 and "not a token count" in bench.stderr, bench.stderr
+    assert warm.returncode == 1 and "READY" not in warm.stdout.splitlines()[-1]
+
+
+def test_an_endless_stream_is_stopped_and_said():
+    with HostileServer("endless") as url:
+        r, took = _client("caovan-sm75-bench", url, "--prompt-tokens", "16", "--output-tokens", "8",
+                          "--concurrency", "1", "--repeats", "1", timeout=120)
+    assert r.returncode == 1 and "stopped reading" in r.stderr, r.stderr[-500:]
+    assert took < 25   # the server would stream for 30 s: we stop long before (a hang guard, not a speed test)
+
+
+def test_a_forged_line_in_a_server_error_cannot_print_our_success_line():
+    with HostileServer("forged-500") as url:
+        r, _ = _client("caovan-sm75-warmup", url)
+    lines = (r.stdout + r.stderr).splitlines()
+    assert r.returncode == 1 and "[Caovan] warmup=READY" not in lines
+    assert not any("\x1b" in line for line in lines)

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from .transport import (SNIPPET, Deadline, HttpReply, StepError, Transport, as_deadline, error_message,
+from .transport import (SNIPPET, parse_json, Deadline, HttpReply, StepError, Transport, as_deadline, error_message,
                         raise_for_status, read_body, sse_lines)
 
 
@@ -47,14 +47,25 @@ class Reply:
         return not (self.text or self.reasoning or self.tool_calls)
 
 
+MAX_COUNT = 1 << 31   # a token count past this is not a count
+
+
+def _count(value: Any, what: str) -> int:
+    """A token count as the server sent it: a whole number from 0 to MAX_COUNT, else a bad reply."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
+        raise StepError(f"the reply's usage.{what} is not a token count: {json.dumps(value)[:SNIPPET]}")
+    return value
+
+
 def _usage(reply: Reply, usage: Any) -> None:
     if not isinstance(usage, dict):
         return
-    reply.prompt_tokens = usage.get("prompt_tokens", reply.prompt_tokens)
-    reply.completion_tokens = usage.get("completion_tokens", reply.completion_tokens)
+    for key in ("prompt_tokens", "completion_tokens"):
+        if usage.get(key) is not None:
+            setattr(reply, key, _count(usage[key], key))
     details = usage.get("prompt_tokens_details")
     if isinstance(details, dict) and details.get("cached_tokens") is not None:
-        reply.cached_tokens = details["cached_tokens"]
+        reply.cached_tokens = _count(details["cached_tokens"], "prompt_tokens_details.cached_tokens")
 
 
 def _choice(data: Any, what: str) -> dict[str, Any]:
@@ -93,6 +104,8 @@ def add_stream_chunk(data: Any, reply: Reply) -> None:
         raise StepError(f"a stream chunk is not a JSON object: {json.dumps(data)[:SNIPPET]}")
     if "error" in data:
         raise StepError(f"error inside the stream: {error_message(json.dumps(data).encode())}")
+    if not isinstance(data.get("choices"), list):   # vLLM's chunks all carry it (the usage chunk: [])
+        raise StepError(f"a stream chunk without choices, not vLLM's shape: {json.dumps(data)[:SNIPPET]}")
     for choice in data.get("choices") or []:
         delta = choice.get("delta") or {}
         reply.text += delta.get("content") or ""
@@ -134,7 +147,7 @@ class ServerClient:
     def _post(self, path: str, body: dict[str, Any], limit: float | Deadline, request_id: str | None,
               stream: bool) -> tuple[Reply, Any]:
         """POST and read the whole reply within `limit`; returns the reply timing and the decoded JSON
-        (a list of chunk objects for a stream)."""
+        (for a stream: the number of chunks, folded into the reply as they came)."""
         headers = {"X-Request-Id": request_id} if request_id else {}
         start = time.monotonic()
         deadline = as_deadline(limit)
@@ -146,15 +159,19 @@ class ServerClient:
                     reply.latency_s = time.monotonic() - start
                     raise_for_status(resp, raw)
                     try:
-                        return reply, json.loads(raw)
+                        return reply, parse_json(raw)
                     except ValueError:
                         raise StepError(f"malformed JSON in the 200 reply: {raw[:SNIPPET]!r}") from None
-                return reply, self._read_sse(resp, reply, start, deadline)
+                return reply, self._read_sse(resp, reply, start, deadline, body.get("max_tokens"))
         except (AttributeError, TypeError) as err:  # a JSON reply of the wrong shape (a list, a string...)
             raise StepError(self.redact(f"unexpected reply shape: {err}")) from None
 
-    def _read_sse(self, resp: httpx.Response, reply: Reply, start: float, deadline: Deadline) -> list[Any]:
-        chunks: list[Any] = []
+    def _read_sse(self, resp: httpx.Response, reply: Reply, start: float, deadline: Deadline,
+                  max_tokens: int | None) -> int:
+        """Fold the event stream into `reply`; the number of chunks. A stream that sends far more than
+        `max_tokens` asked for is a bad reply: stopped there, memory flat."""
+        chunks = 0
+        most = 4 * (max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else 4096) + 64
         for raw_line in sse_lines(resp, deadline):
             line = raw_line.decode("utf-8", "replace")
             if not line.startswith("data:"):
@@ -164,24 +181,27 @@ class ServerClient:
                 reply.latency_s = time.monotonic() - start
                 return chunks
             try:
-                data = json.loads(payload)
+                data = parse_json(payload)
             except ValueError:
-                raise StepError(f"malformed JSON in stream chunk {len(chunks) + 1}: {payload[:SNIPPET]!r}") from None
-            chunks.append(data)
+                raise StepError(f"malformed JSON in stream chunk {chunks + 1}: {payload[:SNIPPET]!r}") from None
+            chunks += 1
+            if chunks > most or len(reply.text) + len(reply.reasoning) > 64 * most:
+                raise StepError(f"the stream sent over {chunks - 1:,} chunks for at most {max_tokens} tokens "
+                                "asked: not a vLLM reply; stopped reading")
             had = (len(reply.text) + len(reply.reasoning), reply.token_ids)
             add_stream_chunk(data, reply)
             if (len(reply.text) + len(reply.reasoning), reply.token_ids) > had:   # a token arrived
                 reply.last_token_s = time.monotonic() - start
                 if reply.ttft_s is None:
                     reply.ttft_s = reply.last_token_s
-        raise StepError(f"stream cut: it ended after {len(chunks)} chunks without data: [DONE]")
+        raise StepError(f"stream cut: it ended after {chunks} chunks without data: [DONE]")
 
     def chat(self, body: dict[str, Any], limit: float | Deadline, request_id: str | None = None) -> Reply:
         """POST /v1/chat/completions; streams when `body["stream"]` is true. `limit`: seconds or a Deadline."""
         stream = bool(body.get("stream"))
         reply, data = self._post("/v1/chat/completions", body, limit, request_id, stream)
         if stream:
-            reply.chunks = len(data)
+            reply.chunks = data
             return reply
         return _parsed(parse_chat, data, reply, self.redact)
 
@@ -200,7 +220,7 @@ class ServerClient:
                 return None
             raise_for_status(resp, raw)
             try:
-                count = json.loads(raw)["count"]
+                count = parse_json(raw)["count"]
             except (ValueError, KeyError, TypeError):
                 raise StepError(f"no token count in the reply: {raw[:SNIPPET]!r}") from None
             if not isinstance(count, int):

@@ -8,7 +8,6 @@ read in bounded size and linear time. A transport failure or an error status rai
 
 from __future__ import annotations
 
-import json
 import socket
 import ssl
 import threading
@@ -22,6 +21,7 @@ from urllib.parse import unquote
 import httpcore
 import httpx
 
+from .. import safe_json
 from ..errors import CaovanException, SettingError
 from .address import check_api_key, is_loopback, redact, split_api_base
 
@@ -160,11 +160,17 @@ def _install_deadlines(http: httpx.Client) -> None:
         pool._network_backend = _DeadlineBackend(pool._network_backend)
 
 
+def parse_json(raw: bytes | str) -> Any:
+    """A reply's JSON, depth- and size-checked (safe_json): a reply nested 100,000 deep is a bad reply
+    (ValueError), never a RecursionError."""
+    return safe_json.loads(raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw)
+
+
 def error_message(body: bytes) -> str:
     """The human part of an error body: vLLM's `{"error": {"message": ...}}`, `{"error": "..."}`,
     FastAPI's `{"detail": ...}`, or the start of the raw text."""
     try:
-        data = json.loads(body)
+        data = parse_json(body)
     except ValueError:
         data = None
     if isinstance(data, dict):
@@ -189,7 +195,7 @@ class HttpReply:
 
     def json(self) -> Any:
         """The body as JSON (ValueError when it is not)."""
-        return json.loads(self.content)
+        return parse_json(self.content)
 
 
 class Transport:
