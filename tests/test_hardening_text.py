@@ -167,3 +167,31 @@ def test_a_forged_line_in_a_server_error_cannot_print_our_success_line():
     lines = (r.stdout + r.stderr).splitlines()
     assert r.returncode == 1 and "[Caovan] warmup=READY" not in lines
     assert not any("\x1b" in line for line in lines)
+
+
+# -- operating-system limits are bad input; what we generate stays small ---------------------------
+
+@pytest.mark.parametrize("command", [["caovan-vllm-serve", "--dry-run", "--facts", FACTS],
+                                     ["caovan-sm75-doctor", "--facts", FACTS, "--model"]])
+def test_a_path_component_over_255_bytes_is_one_line_exit_2(tmp_path, command):
+    r = _run([*command, str(tmp_path / ("a" * 300))], tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert "over 255 bytes" in r.stderr
+
+
+def test_a_weight_file_that_is_a_device_is_named(tmp_path):
+    (tmp_path / "model.safetensors").symlink_to("/dev/zero")
+    (tmp_path / "config.json").write_text("{}")
+    r = _run(["caovan-sm75-doctor", "--facts", FACTS, "--model", str(tmp_path)], tmp_path)
+    assert "model.safetensors is not a regular file (a character device)" in r.stdout
+    assert "not a local model directory" not in r.stdout
+
+
+def test_a_huge_max_num_seqs_keeps_the_plan_small(tmp_path):
+    from caovan_vllm_sm75_turbo3.policy.launch_fill import MAX_CAPTURE_TOKENS, capture_sizes
+    assert capture_sizes(10**8, 3)[-1] <= MAX_CAPTURE_TOKENS and len(capture_sizes(10**8, 3)) == MAX_CAPTURE_TOKENS // 4
+    assert capture_sizes(2, 3) == [4, 8] and capture_sizes(1, 1000) == [1001]
+    model = str(ROOT / "examples" / "models" / "qwen3.6-27b-awq")
+    start = time.monotonic()
+    r = _run(["caovan-vllm-serve", "--dry-run", "--facts", FACTS, model, "--max-num-seqs", "100000000"], tmp_path)
+    assert r.returncode == 0 and len(r.stdout) < 20_000 and time.monotonic() - start < 30

@@ -66,10 +66,16 @@ def mamba_align_effective(version: str | None) -> bool:
         "arg-deprecated:--mamba-cache-mode", version)
 
 
+# vLLM's default largest CUDA-graph capture (max_cudagraph_capture_size): larger batches run eagerly,
+# and it keeps what we generate small whatever --max-num-seqs says.
+MAX_CAPTURE_TOKENS = 512
+
+
 def capture_sizes(max_num_seqs: int, draft_tokens: int) -> list[int]:
-    """CUDA graph sizes for decode with speculation: each sequence verifies 1 + draft tokens."""
+    """CUDA graph sizes for decode with speculation: each sequence verifies 1 + draft tokens; at
+    most MAX_CAPTURE_TOKENS tokens (and at least one size)."""
     step = 1 + draft_tokens
-    return [step * s for s in range(1, max_num_seqs + 1)]
+    return [step * s for s in range(1, max(1, min(max_num_seqs, MAX_CAPTURE_TOKENS // step)) + 1)]
 
 
 def tp_divides(shape: ModelShape | None, tp: int) -> bool:

@@ -3,6 +3,7 @@ in its safetensors index (for MTP weights), and the shape the memory plan needs.
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import struct
@@ -12,6 +13,7 @@ from typing import Any
 
 from .. import safe_json
 from ..errors import ModelError
+from ..textsafe import shown
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 INDEX_FILE = "model.safetensors.index.json"
@@ -70,7 +72,13 @@ def read_model(path: str) -> ModelFacts:
     size), naming the file and the key.
     """
     p = Path(path).expanduser()
-    facts = ModelFacts(path=str(p), is_dir=p.is_dir())
+    try:
+        is_dir = p.is_dir()
+    except OSError as err:   # ENAMETOOLONG, ELOOP ...: an operating-system limit, bad input
+        raise ModelError(f"the model path {shown(str(p), 120)} cannot be checked: {err.strerror or err}"
+                         + (" (a path component is over 255 bytes)" if err.errno == errno.ENAMETOOLONG else "")
+                         ) from None
+    facts = ModelFacts(path=str(p), is_dir=is_dir)
     if not facts.is_dir:
         facts.notes.append(f"{path} is not a local directory; its size and config are unknown")
         return facts
@@ -122,10 +130,16 @@ def _size_weights(p: Path, facts: ModelFacts) -> list[Path]:
                 if n >= _MAX_ENTRIES:
                     facts.notes.append(f"more than {_MAX_ENTRIES} entries in {p}: the checkpoint size is unknown")
                     return sorted(shards)
-                if entry.name.endswith(_WEIGHT_SUFFIXES) and entry.is_file():  # a FIFO is not a file
-                    total += entry.stat().st_size
-                    if entry.name.endswith(".safetensors"):
-                        shards.append(Path(entry.path))
+                if not entry.name.endswith(_WEIGHT_SUFFIXES):
+                    continue
+                if not entry.is_file():   # a FIFO, a device, a directory: never read, never sized
+                    kind = safe_json.file_kind(os.stat(entry.path).st_mode) if os.path.exists(entry.path) \
+                        else "a broken link"
+                    facts.notes.append(f"{entry.name} is not a regular file ({kind}): skipped")
+                    continue
+                total += entry.stat().st_size
+                if entry.name.endswith(".safetensors"):
+                    shards.append(Path(entry.path))
         facts.checkpoint_bytes = total
     except OSError as err:
         facts.notes.append(f"cannot size the checkpoint: {err}")
