@@ -66,12 +66,17 @@ def test_lines_are_numbered_like_an_editor_and_carriage_returns_split():
         (4, "last line without newline", None)]
 
 
-def test_over_long_lines_are_cut_and_the_next_line_is_intact(monkeypatch):
+def test_over_long_lines_keep_start_and_end_and_the_next_line_is_intact(monkeypatch):
     monkeypatch.setattr(reader, "CHUNK_BYTES", 1000)          # make the line span many chunks
-    data = b"x" * 50_000 + b"\n" + MSG.encode() + b"\n"
+    end = " RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    data = b"x" * 50_000 + end.encode() + b"\n" + MSG.encode() + b"\n"
     lines = list(read_lines(io.BytesIO(data)))
-    assert len(lines) == 2 and len(lines[0].text) == reader.MAX_LINE_BYTES
+    assert len(lines) == 2 and len(lines[0].text) == reader.MAX_LINE_BYTES + len(" ... ")
+    assert lines[0].text.startswith("x" * reader.KEEP_BYTES + " ... x") and lines[0].text.endswith(end)
     assert (lines[1].number, lines[1].text) == (2, MSG)
+    # an error at the end of a long prefix is still found (issue 29: it was cut off)
+    t = triage_lines(read_lines(io.BytesIO(b"x" * 20_000 + end.encode() + b"\n")))
+    assert t.first_failure is not None and t.first_failure.id == "cuda-oom"
 
 
 def test_invalid_utf8_and_control_bytes_do_not_stop_the_reader():

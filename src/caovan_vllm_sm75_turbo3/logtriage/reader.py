@@ -28,9 +28,10 @@ from typing import BinaryIO
 from ..errors import CaovanError
 
 CHUNK_BYTES = 64 * 1024
-# A line longer than this is cut (the rest up to its newline is dropped): a log line that long is
-# a dumped tensor or a pasted binary, and no signature needs more than its start.
+# A line longer than this keeps its start and its end (KEEP_BYTES each): a log line that long is a
+# dumped tensor or a pasted binary; what a signature needs is at its start or its end.
 MAX_LINE_BYTES = 8 * 1024
+KEEP_BYTES = MAX_LINE_BYTES // 2
 SNIFF_BYTES = 8 * 1024
 FIFO_WAIT_S = 30.0  # a FIFO given as FILE: how long to wait for its first byte (or its writer's end)
 
@@ -83,34 +84,45 @@ def clean(raw: str, number: int = 0) -> LogLine:
 
 
 def _pieces(stream: BinaryIO) -> Iterator[tuple[int, bytes]]:
-    """(line number, bytes) for each line, each at most MAX_LINE_BYTES; `\\r` splits a line too
-    (tqdm progress bars, and vLLM's multi-line messages end their lines with `\\r\\n`)."""
+    """(line number, bytes) for each line, each at most MAX_LINE_BYTES; `\r` splits a line too
+    (tqdm progress bars, and vLLM's multi-line messages end their lines with `\r\n`). An over-long
+    line keeps its first and last KEEP_BYTES with ` ... ` between: an error at the end of a long
+    prefix (a dumped tensor, a long config) is still read."""
     number = 0
     pending = bytearray()
-    dropping = False   # inside the over-long tail of a line, until its newline
+    tail = bytearray()   # the last KEEP_BYTES of an over-long line's dropped part
+    dropping = False     # past the head of an over-long line, until its newline
     while chunk := stream.read(CHUNK_BYTES):
         start = 0
         while start < len(chunk):
             nl = chunk.find(b"\n", start)
             end = len(chunk) if nl < 0 else nl
             if not dropping:
-                room = MAX_LINE_BYTES - len(pending)
+                room = KEEP_BYTES - len(pending)
                 pending += chunk[start:start + min(room, end - start)]
-                dropping = end - start > room
+                if end - start > room:
+                    dropping = True
+                    tail += chunk[start + room:end][-KEEP_BYTES:]
+            else:
+                tail += chunk[start:end][-KEEP_BYTES:]
+                del tail[:-KEEP_BYTES]
             if nl < 0:
                 break
             number += 1
-            for piece in bytes(pending).split(b"\r"):
-                if piece.strip():
-                    yield number, piece
+            yield from _split(number, bytes(pending) + (b" ... " + bytes(tail) if dropping else b""))
             pending.clear()
+            tail.clear()
             dropping = False
             start = nl + 1
     if pending:
         number += 1
-        for piece in bytes(pending).split(b"\r"):
-            if piece.strip():
-                yield number, piece
+        yield from _split(number, bytes(pending) + (b" ... " + bytes(tail) if dropping else b""))
+
+
+def _split(number: int, line: bytes) -> Iterator[tuple[int, bytes]]:
+    for piece in line.split(b"\r"):
+        if piece.strip():
+            yield number, piece
 
 
 def read_lines(stream: BinaryIO) -> Iterator[LogLine]:
