@@ -65,8 +65,12 @@ class LogLine:
 
 def clean(raw: str, number: int = 0) -> LogLine:
     """Strip colours, control characters and the prefixes vLLM, uvicorn and log collectors add."""
-    text = _CONTROL.sub("", _ANSI.sub("", raw)).rstrip()
-    text = _OUTER_STAMP.sub("", text, count=1)
+    text = _ANSI.sub("", raw) if "\x1b" in raw else raw   # the fast paths keep reading at tens of MB/s
+    if not text.isprintable():
+        text = _CONTROL.sub("", text)
+    text = text.rstrip()
+    if text[:1].isdigit() or text[:1].isupper():
+        text = _OUTER_STAMP.sub("", text, count=1)
     process = None
     while (m := _PROCESS.match(text)) is not None:   # nested launchers may add more than one
         process = process or m.group("proc")

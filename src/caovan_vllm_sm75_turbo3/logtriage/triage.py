@@ -3,6 +3,7 @@ first real failure and its likely cause, then every known message judged harmles
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections import deque
 from collections.abc import Iterable
@@ -17,6 +18,7 @@ from .signatures import BY_ID, CONTEXT_LINES, SIGNATURES, Role, Rule, Signature
 MAX_TEXT = 300            # characters of a matched line kept as its excerpt
 MAX_STATUS_KEYS = 64      # key=value lines kept from one banner
 MAX_PROCESSES = 256       # processes whose open traceback is tracked
+BLOCK_LINES = 128         # lines whose text is searched for the needles at once (bounded memory)
 
 STATUS_LINE = re.compile(r"^(?:\[Caovan\] )?(?P<key>[a-z][a-z0-9_]*)=(?P<value>\S.*)$")
 WARMUP_LINE = re.compile(r"\[Caovan\] (?P<line>warmup=\S+.*)$")
@@ -220,6 +222,7 @@ class _Reader:
         self.pending: list[_Hit] = []
         self.frame_hits: dict[str | None, _Hit] = {}   # process -> a match in its open traceback's frames
         self.first_unknown: tuple[LogLine, str] | None = None
+        self.needles: tuple[tuple[str, int], ...] = _NEEDLES   # those present in the current block
         # The first alarm of any kind not explained by a signature: an unknown exception, an
         # AssertionError, a CRITICAL line, a fatal signal (with its phase), for a start that never got ready.
         self.first_alarm: tuple[LogLine, str] | None = None
@@ -228,6 +231,14 @@ class _Reader:
         self.wait_outcome: dict[str, str] = {}   # "harmless"/"fatal" -> the deciding line, first seen
 
     # -- one line -------------------------------------------------------------------------------
+    def feed_block(self, block: list[LogLine]) -> None:
+        """Feed lines in order; the needles are looked for once in the whole block, then only those
+        found there in each line (most lines hold none: this is what keeps the reader fast)."""
+        text = "\n".join(ln.text for ln in block)
+        self.needles = tuple((n, i) for n, i in _NEEDLES if n in text)
+        for ln in block:
+            self.feed(ln)
+
     def feed(self, ln: LogLine) -> None:
         self.lines = ln.number
         text = ln.text
@@ -320,7 +331,8 @@ class _Reader:
             del self.tracebacks[ln.process]
             if EXCEPTION.match(stripped):
                 return "exception", phase
-        if ln.level in ("WARNING", "ERROR", "CRITICAL") or ERROR_WORDS.search(text):
+        if ln.level in ("WARNING", "ERROR", "CRITICAL") or (
+                ("rror" in text or "ailed" in text or "FAILED" in text) and ERROR_WORDS.search(text)):
             return "error", None
         return "", None
 
@@ -336,7 +348,7 @@ class _Reader:
 
     # -- signatures -----------------------------------------------------------------------------
     def _match(self, ln: LogLine, kind: str, tb_phase: str | None) -> bool:
-        candidates = {i for n, i in _NEEDLES if n in ln.text}
+        candidates = {i for n, i in self.needles if n in ln.text}
         for sig in (SIGNATURES[i] for i in sorted(candidates)):
             details = sig.matches(ln.text)
             if details is None or (sig.error_context and not kind):
@@ -523,8 +535,9 @@ class _Reader:
 def triage_lines(lines: Iterable[LogLine], source: str = "-") -> Triage:
     """Triage cleaned log lines (see reader.read_lines), in one pass."""
     state = _Reader()
-    for ln in lines:
-        state.feed(ln)
+    it = iter(lines)
+    while block := list(itertools.islice(it, BLOCK_LINES)):
+        state.feed_block(block)
     return state.finish(source)
 
 
