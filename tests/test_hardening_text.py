@@ -195,3 +195,14 @@ def test_a_huge_max_num_seqs_keeps_the_plan_small(tmp_path):
     start = time.monotonic()
     r = _run(["caovan-vllm-serve", "--dry-run", "--facts", FACTS, model, "--max-num-seqs", "100000000"], tmp_path)
     assert r.returncode == 0 and len(r.stdout) < 20_000 and time.monotonic() - start < 30
+
+
+@pytest.mark.parametrize("command", ["caovan-sm75-warmup", "caovan-sm75-bench"])
+def test_a_host_that_fails_idna_is_one_line(tmp_path, command):
+    r = _run([command, "--api-base", "http://a..b:1", "--model", "x", "--wait", "2"], tmp_path)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "not a valid name" in r.stderr
+
+
+def test_an_error_line_quoting_a_huge_reply_stays_short():
+    from caovan_vllm_sm75_turbo3.cli.common import MAX_ERROR_CHARS
+    assert len(safe("x" * 2_000_000, MAX_ERROR_CHARS)) < MAX_ERROR_CHARS + 100

@@ -23,6 +23,7 @@ from ..errors import CaovanError
 from ..textsafe import safe
 
 EXIT_BROKEN_PIPE = 141
+MAX_ERROR_CHARS = 2000   # an error line quoting outside text (200,000 model names) stays readable
 
 
 class _OutputFailed(BaseException):
@@ -93,7 +94,7 @@ def run_cli(prog: str, main: Callable[[Sequence[str]], int], argv: Sequence[str]
         sys.stdout.flush()  # fail here, while we can still say so, not at interpreter exit
         return code
     except CaovanError as err:
-        _say(f"{prog}: error: {safe(err)}")
+        _say(f"{prog}: error: {safe(err, MAX_ERROR_CHARS)}")
         return err.exit_code
     except KeyboardInterrupt:
         _say(f"{prog}: interrupted")

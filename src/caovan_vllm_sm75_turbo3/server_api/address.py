@@ -68,6 +68,11 @@ def split_api_base(url: str, refuse: Callable[[str], SettingError]) -> SplitResu
         raise refuse("the host name is longer than 253 characters")
     if ":" not in host and any(len(label) > 63 for label in host.split(".")):
         raise refuse("a label of the host name is longer than 63 characters")
+    if ":" not in host:
+        try:   # what the resolver will do with it: an empty label ("a..b") fails there, not here
+            host.rstrip(".").encode("idna")
+        except UnicodeError as err:
+            raise refuse(f"the host name is not a valid name ({err})") from None
     try:
         httpx.URL(url)
     except (httpx.InvalidURL, UnicodeError) as err:
