@@ -57,22 +57,22 @@ def test_registers_as_custom(registered):
 def test_not_sm75_registers_nothing_and_says_why(tmp_path, sm75_env):
     from vllm.v1.attention.backends import registry
 
-    from caovan_vllm_sm75_turbo3.config import load_settings
     from caovan_vllm_sm75_turbo3.plugin.attention import controller
+    from caovan_vllm_sm75_turbo3.plugin.context import ProcessContext
 
     facts = tmp_path / "h200.json"
     facts.write_text(json.dumps(facts_dict(gpus=[{"index": 0, "name": "H200", "compute_capability": "9.0",
                                                    "memory_total_mib": 143000}])))
     env = {"CAOVAN_FACTS": str(facts)}
-    line = controller.attach(controller.FAMILIES[0], load_settings(env), env, registry)
+    line = controller.attach(controller.FAMILIES[0], ProcessContext(env), registry)
     assert line.startswith("attention_backend=upstream") and "no SM75 GPU" in line
     assert not registry.AttentionBackendEnum.CUSTOM.is_overridden()
     # an SM75 machine whose registry lacks CUSTOM: one line, or Turbo3Refused with require-turbo3
-    line = controller.attach(controller.FAMILIES[0], load_settings(sm75_env), sm75_env, _no_custom_registry())
+    line = controller.attach(controller.FAMILIES[0], ProcessContext(sm75_env), _no_custom_registry())
     assert line.startswith("attention_backend=upstream") and "has no CUSTOM member" in line
     strict = dict(sm75_env, CAOVAN_REQUIRE_TURBO3="1")
     with pytest.raises(Turbo3Refused, match="require-turbo3 .* our attention backend cannot serve"):
-        controller.attach(controller.FAMILIES[0], load_settings(strict), strict, _no_custom_registry())
+        controller.attach(controller.FAMILIES[0], ProcessContext(strict), _no_custom_registry())
 
 
 def _no_custom_registry():

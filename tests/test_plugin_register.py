@@ -104,8 +104,10 @@ def test_additional_config_on_the_command_line_is_read(tmp_path):
 
 
 def test_require_turbo3_refuses_inside_vllm_and_sets_nothing(tmp_path):
+    # The GDN switch alone now serves (vLLM's own GDN kernels on the hook's tensor cores); without
+    # the hook nothing of ours gets tensor cores, and require-turbo3 refuses.
     out = run_vllm_process(tmp_path, ["/m", "--additional-config", '{"caovan_require_turbo3":true}'],
-                           CAOVAN_GDN_LEGACY_DISABLE="1")
+                           CAOVAN_GDN_LEGACY_DISABLE="1", CAOVAN_TURBO="off")
     assert out["error"].startswith("Turbo3Refused: require-turbo3 (additional-config caovan_require_turbo3) is on")
     assert "CAOVAN_GDN_LEGACY_DISABLE=1" in out["error"]
     assert "VLLM_USE_FLASHINFER_SAMPLER" not in out["env"] and "_CAOVAN_APPLIED" not in out["env"]

@@ -55,17 +55,19 @@ def _cache_state(keydir: KeyDir) -> CacheState:
 
 
 def plan_launch(env: Mapping[str, str], args: VllmArgs, cli: Mapping[str, Any] | None = None, *,
-                write: bool, say: Callable[[str], None] = lambda _: None, fill_args: bool = False) -> Prepared:
+                write: bool, say: Callable[[str], None] = lambda _: None, fill_args: bool = False,
+                facts: Facts | None = None) -> Prepared:
     """Plan a launch for `args` in `env`. Raises CaovanError for bad settings or facts files.
 
     `cli` holds our own flags' values (setting name -> value, None when not given); `say`
     receives progress lines for slow steps (the sampler test build); `fill_args` checks the
     user's vLLM arguments (check_launch_args, once: a refusal is in the plan and nothing is
     written) and adds the launch profile's (only caovan-vllm-serve does: it builds vLLM's argv;
-    a plain `vllm serve` has parsed its arguments itself).
+    a plain `vllm serve` has parsed its arguments itself). `facts`: already read (a vLLM process's
+    one context), else read here.
     """
     settings = load_settings(env, args.additional_config, cli)
-    facts = load_facts(settings.facts, env)
+    facts = facts if facts is not None else load_facts(settings.facts, env)
     keydir = None
     if settings.active and settings.cache_isolation and facts.sm75_count:
         keydir = KeyDir(checked_root(settings.cache_dir, settings.source("cache_dir"), env), env_key(facts))

@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 from ..caches.layout import hold_in_use
-from ..config import load_settings
 from ..errors import Turbo3Refused
 from ..launch import APPLIED_MARK, apply_env, plan_launch
 from ..policy.banner import banner_lines, worker_line
 from ..policy.plan import Plan
-from ..policy.vllm_args import read_vllm_args, serve_args
 from .attention import install as install_attention
+from .context import ProcessContext
 from .dispatch import install as install_gdn_dispatch
 from .turbo import install_turbo
 
@@ -69,24 +67,25 @@ def _initial_environ() -> dict[str, str] | None:
     return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
 
 
-def apply_guards() -> Plan | None:
+def apply_guards(ctx: ProcessContext | None = None) -> Plan | None:
     """Plan and apply the guards in the first process; log one line in the others.
 
     Returns the plan where one was made. Raises Turbo3Refused only when require-turbo3 is on
     and the accelerated path cannot be active; any other problem is logged, never raised.
+    `ctx` is the process's one context (settings, facts), also handed to every installer.
     """
     mark = os.environ.get(APPLIED_MARK)
     if mark:
         logger.info(worker_line(mark, os.getpid()))
         return None
     try:
-        args = read_vllm_args(serve_args(sys.argv))
-        settings = load_settings(os.environ, args.additional_config)
+        ctx = ctx or ProcessContext.of_this_process()
+        args, settings = ctx.args, ctx.settings
         if not settings.active:
             logger.info("Caovan SM75 Turbo3: disabled by settings (enable=%s, mode=%s)",
                         settings.enable, settings.mode)
             return None
-        prepared = plan_launch(user_env(os.environ, _initial_environ()), args, write=True)
+        prepared = plan_launch(user_env(os.environ, _initial_environ()), args, write=True, facts=ctx.facts)
         plan = prepared.plan
         if plan.refusal is None and prepared.keydir:
             hold_in_use(prepared.keydir)  # held until this process ends: the cleaner sees the server
@@ -107,7 +106,8 @@ def register() -> None:
         return
     _REGISTERED = True
     _show_through_vllm_logging()
-    apply_guards()
-    install_turbo()   # every process that compiles Triton kernels needs the hook
-    install_gdn_dispatch()  # our GDN prefill, registered when vLLM imports its GDN layer
-    install_attention()  # our fp8-KV attention backend (0.24+), registered when vLLM imports its registry
+    ctx = ProcessContext.of_this_process()   # one reading of settings and facts for every decision below
+    apply_guards(ctx)
+    install_turbo(ctx)   # every process that compiles Triton kernels needs the hook
+    install_gdn_dispatch(ctx=ctx)  # our GDN prefill, registered when vLLM imports its GDN layer
+    install_attention(ctx=ctx)  # our fp8-KV attention backend (0.24+), registered when vLLM imports its registry

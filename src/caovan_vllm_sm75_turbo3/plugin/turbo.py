@@ -7,29 +7,21 @@ so this runs in each one; the hook only touches allowlisted kernels built for sm
 from __future__ import annotations
 
 import logging
-import os
-import sys
+
+from .context import ProcessContext
 
 logger = logging.getLogger("caovan_vllm_sm75_turbo3")
 
 
-def install_turbo() -> str:
-    """Install or skip the hook; returns the `turbo=` status value (see policy.turbo)."""
+def install_turbo(ctx: ProcessContext | None = None) -> str:
+    """Install or skip the hook; returns the `turbo=` status value (see policy.turbo). The decision
+    is the process context's, the one the GDN gate and the attention backend read too."""
     try:
-        from ..config import load_settings
-        from ..policy.turbo import decide_turbo
-        from ..policy.vllm_args import read_vllm_args, serve_args
-        from ..runtime.facts import Facts
-        from ..runtime.probe import dist_version, probe_gpus
-
         # vLLM's spawned workers keep the server's argv, so a `caovan_turbo` additional-config
-        # key counts in every process, as CAOVAN_TURBO does.
-        settings = load_settings(os.environ, read_vllm_args(serve_args(sys.argv)).additional_config)
-        # The GPUs this process will compile for, from NVML; never a facts file (those plan for
-        # hardware elsewhere). The hook itself also acts only on sm_75 compile targets.
-        gpus, _, _ = probe_gpus(os.environ, [])
-        facts = Facts(gpus=gpus)
-        decision = decide_turbo(facts, settings, dist_version("triton"))
+        # key counts in every process, as CAOVAN_TURBO does. The hook itself acts only on sm_75
+        # compile targets, whatever the facts say.
+        ctx = ctx or ProcessContext.of_this_process()
+        settings, decision = ctx.settings, ctx.turbo
         if decision.install:
             import triton
 

@@ -17,12 +17,12 @@ import os
 from collections.abc import Mapping
 from types import ModuleType
 
-from ...config import Settings, load_settings
+from ...config import Settings
 from ...errors import CaovanError, Turbo3Refused
 from ...policy import vllm_versions as vv
 from ...policy.attention import OUR_BACKEND
-from ...policy.turbo import decide_turbo
-from ...runtime.probe import load_facts, vllm_version
+from ...runtime.probe import vllm_version
+from ..context import ProcessContext
 from ..dispatch.after_import import call_after_import
 from ..dispatch.controller import installed_source
 from . import triton_attn_v024
@@ -70,10 +70,11 @@ def registry_problems(module: ModuleType) -> list[str]:
     return problems
 
 
-def attach(iface: AttentionInterface, settings: Settings, env: Mapping[str, str], module: ModuleType) -> str:
+def attach(iface: AttentionInterface, ctx: ProcessContext, module: ModuleType) -> str:
     """Check and register (vLLM just imported its backend registry). Returns the line logged."""
+    settings = ctx.settings
     try:
-        facts = load_facts(settings.facts, env)
+        facts = ctx.facts
         if not facts.sm75_count:
             return say("upstream", iface.name, f"no SM75 GPU (sm75=0/{len(facts.gpus)})")
         problems = list(check_sources(iface, installed_source).problems) or registry_problems(module)
@@ -86,7 +87,7 @@ def attach(iface: AttentionInterface, settings: Settings, env: Mapping[str, str]
             reason = f"{BACKEND} is taken by {enum.CUSTOM.get_path()}"
             refuse_if_required(settings, reason)
             return say("upstream", iface.name, f"not registered: {reason}")
-        turbo = decide_turbo(facts, settings, facts.versions.triton)
+        turbo = ctx.turbo
         if not turbo.tensor_cores:
             refuse_if_required(settings, f"turbo={turbo.line} ({turbo.reason}): our kernel would run on CUDA cores")
         module.register_backend(enum.CUSTOM, CLASS_PATH)
@@ -101,12 +102,13 @@ def attach(iface: AttentionInterface, settings: Settings, env: Mapping[str, str]
         return say("upstream", iface.name, f"not registered: {reason}")
 
 
-def install(env: Mapping[str, str] | None = None) -> AttentionInterface | None:
+def install(env: Mapping[str, str] | None = None, ctx: ProcessContext | None = None) -> AttentionInterface | None:
     """Arrange registration for when vLLM imports its backend registry; cheap (no vLLM import).
-    Returns the family arranged, or None (plugin off, or a release whose own backends serve SM75)."""
-    env = os.environ if env is None else env
+    Returns the family arranged, or None (plugin off, or a release whose own backends serve SM75).
+    `ctx` is the process's one context (register() passes it); without it one is read from `env`."""
+    ctx = ctx or ProcessContext(os.environ if env is None else env)
     try:
-        settings = load_settings(env)
+        settings = ctx.settings
     except CaovanError as err:
         logger.warning("%s not registered: %s", LOG_PREFIX, err)
         return None
@@ -120,5 +122,5 @@ def install(env: Mapping[str, str] | None = None) -> AttentionInterface | None:
     iface = family_for(version)
     if iface is None:
         return None  # 0.21-0.23: vLLM's own backends serve fp8 KV on SM75
-    call_after_import(iface.registry_module, functools.partial(attach, iface, settings, env))
+    call_after_import(iface.registry_module, functools.partial(attach, iface, ctx))
     return iface

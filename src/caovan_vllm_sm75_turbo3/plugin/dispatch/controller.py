@@ -31,7 +31,7 @@ from ...kernels.gdn_capability import dispatch_target
 from ...policy.accel import gdn_state
 from ...policy.turbo import GDN_KERNELS
 from ...runtime.facts import Facts
-from ...runtime.probe import load_facts
+from ..context import ProcessContext
 from . import legacy_gdn_v020, modular_qwen_gdn_v022, replacement
 from .after_import import call_after_import
 from .interface import GdnInterface, check_sources, module_file
@@ -118,6 +118,7 @@ class Dispatch:
 
     settings: Settings
     env: Mapping[str, str] = field(repr=False)
+    ctx: ProcessContext | None = field(default=None, repr=False)   # the process's one context
     state: DispatchState | None = None
     interface: GdnInterface | None = None
     facts: Facts | None = None
@@ -155,7 +156,7 @@ class Dispatch:
         if self.interface is not None:
             return
         try:
-            self.facts = load_facts(self.settings.facts, self.env)
+            self.facts = (self.ctx or ProcessContext(self.env)).facts
             gate = gdn_state(self.facts, self.settings)
             if gate.line == DISABLED:
                 self.say(DispatchState(DISABLED, iface.name, UPSTREAM_KERNEL, "; ".join(gate.reasons)))
@@ -267,21 +268,23 @@ class Dispatch:
         return chunk_gated_delta_rule
 
 
-def install(env: Mapping[str, str] | None = None) -> Dispatch | None:
+def install(env: Mapping[str, str] | None = None, ctx: ProcessContext | None = None) -> Dispatch | None:
     """Set up this process's GDN dispatch once; cheap (no vLLM import). Returns it, or None when
-    the plugin is off. Raises Turbo3Refused only when require-turbo3 forbids vLLM's own path."""
+    the plugin is off. Raises Turbo3Refused only when require-turbo3 forbids vLLM's own path.
+    `ctx` is the process's one context (register() passes it); without it one is read from `env`."""
     global _DISPATCH
     if _DISPATCH is not None:
         return _DISPATCH
     env = os.environ if env is None else env
+    ctx = ctx or ProcessContext(env)
     try:
-        settings = load_settings(env)
+        settings = ctx.settings
     except CaovanError as err:
         logger.warning("%s not dispatched: %s", LOG_PREFIX, err)
         return None
     if not settings.active:
         return None
-    dispatch = _DISPATCH = Dispatch(settings, env)
+    dispatch = _DISPATCH = Dispatch(settings, env, ctx)
     present = present_families()
     if len(present) != 1:
         looked = ", ".join(module_file(f.module) for f in FAMILIES)
