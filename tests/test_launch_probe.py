@@ -130,7 +130,7 @@ def test_launch_plans_probe_once_and_dry_run_never(tmp_path, monkeypatch):
 def test_no_probe_when_the_launch_would_stop(tmp_path, monkeypatch):
     monkeypatch.setattr(fp, "run_probe", lambda *a, **k: pytest.fail("probe ran although the launch stops"))
     env = {"HOME": str(tmp_path), "CAOVAN_FACTS": str(FACTS), "CAOVAN_FLASHINFER_SAMPLER": "probe",
-           "CAOVAN_REQUIRE_TURBO3": "1", "CAOVAN_GDN_LEGACY_DISABLE": "1"}
+           "CAOVAN_REQUIRE_TURBO3": "1", "CAOVAN_GDN_LEGACY_DISABLE": "1", "CAOVAN_TURBO": "off"}
     prepared = plan_launch(env, read_vllm_args([MODEL]), write=True)
     assert prepared.plan.refusal and not (tmp_path / ".cache").exists()
 

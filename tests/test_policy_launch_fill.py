@@ -49,7 +49,9 @@ def pinned_facts(vllm: str) -> Facts:
 def test_field_launch_on_2x22g_vllm021():
     r = fill(Facts.load(EXAMPLES / "2x2080ti-22g.json"))
     got = filled(r)
-    assert r.profile == "2x2080ti-22g-qwen3.5-hybrid-v0.21" and not r.warnings
+    # its only warning: the upstream bug of MTP with prefix caching reported on this release
+    assert r.profile == "2x2080ti-22g-qwen3.5-hybrid-v0.21"
+    assert [w.split(" ")[2] for w in r.warnings] == ["mtp-prefix-cache-wrong-output"]
     for flag, value in FIELD.items():
         assert flag in got and got[flag] == value, flag
     assert json.loads(got["--speculative-config"]) == {"method": "mtp", "num_speculative_tokens": 3}
