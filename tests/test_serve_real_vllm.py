@@ -169,18 +169,27 @@ def test_prefix_probe_reports_the_servers_cache_hits(facts_server):
     assert probe["prompt_tokens"] >= 1000 and probe["ttft_ratio"] > 0
 
 
+def _failed_start(server: Server, lane: dict[str, Path], cause: str, words: str) -> None:
+    """Run a start that must fail to its end (bounded), then check `doctor --log` names `cause`
+    with and without our lines in the log; keep the log."""
+    server.start()
+    try:
+        code = server.wait_exit(RUN_LIMIT_S)
+    finally:
+        server.stop()
+    assert code not in (0, None), _tail(server.log)
+    for t in (triage_path(str(server.log)), without_our_lines(server.log)):
+        assert t.exit_code == 2 and t.ready_line is None, t.to_dict()
+        assert t.first_failure.id == cause, t.to_dict()
+        assert words in t.first_failure.text + t.first_failure.fix
+    _keep(server.log, lane)
+
+
 def test_a_second_server_on_the_same_port_is_named(facts_server, lane):
     srv, _ = facts_server
     log = lane["logs"] / "vllm_serve_port_in_use.log"
-    second = vllm_serve(lane["tiny"], srv.port, log, lane_env(lane["root"] / "home-port")).start()
-    try:
-        code = second.wait_exit(RUN_LIMIT_S)
-    finally:
-        second.stop()
-    assert code not in (0, None), _tail(log)
-    for t in (triage_path(str(log)), without_our_lines(log)):
-        assert t.exit_code == 2 and t.first_failure.id == "address-in-use", t.to_dict()
-    _keep(log, lane)
+    _failed_start(vllm_serve(lane["tiny"], srv.port, log, lane_env(lane["root"] / "home-port")), lane,
+                  "address-in-use", "Address already in use")
 
 
 def test_the_healthy_servers_log_is_not_fatal(facts_server):
@@ -250,14 +259,5 @@ def test_hybrid_gdn_model_serves_and_our_gdn_line_says_vllms_own(lane):
 def test_failed_starts_are_named(lane, name, model, extra, env, cause, words):
     log = lane["logs"] / f"vllm_serve_{name}.log"
     model_dir = lane.get(model, lane["root"] / model)
-    srv = vllm_serve(model_dir, free_port(), log, lane_env(lane["root"] / f"home-{name}", **env), *extra).start()
-    try:
-        code = srv.wait_exit(RUN_LIMIT_S)
-    finally:
-        srv.stop()
-    assert code not in (0, None), _tail(log)
-    for t in (triage_path(str(log)), without_our_lines(log)):
-        assert t.exit_code == 2 and t.ready_line is None, t.to_dict()
-        assert t.first_failure.id == cause, t.to_dict()
-        assert words in t.first_failure.text + t.first_failure.fix
-    _keep(log, lane)
+    _failed_start(vllm_serve(model_dir, free_port(), log, lane_env(lane["root"] / f"home-{name}", **env), *extra),
+                  lane, cause, words)
