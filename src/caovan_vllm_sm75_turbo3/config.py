@@ -47,7 +47,7 @@ class Settings:
         "guards: guards and cache isolation only, vLLM's own kernels; off: nothing.",
         choices=("auto", "guards", "off"))
     require_turbo3: bool = _setting(
-        False, "Refuse to start, with the reason, when the accelerated path cannot be active.")
+        False, "Refuse to start, with the reason, when no hot path of the model gets tensor cores.")
     gdn_legacy_disable: bool = _setting(
         False, "Keep vLLM's upstream GDN prefill instead of ours (gdn_legacy=disabled-by-user).")
     flashqla_precompile: bool = _setting(
