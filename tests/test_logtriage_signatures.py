@@ -353,3 +353,20 @@ def test_docs_table_is_generated_from_the_signatures():
     page = (Path(__file__).resolve().parents[1] / "docs" / "logtriage.md").read_text()
     start, end = "<!-- logtriage-table:start -->\n", "\n<!-- logtriage-table:end -->"
     assert page[page.index(start) + len(start):page.index(end)] == markdown_table()
+
+
+def test_each_vllm_wording_covers_every_supported_release_once():
+    # The wordings were read in each release's wheel (0.21.0 to 0.34.0); the lanes with a vLLM check
+    # the installed one (tests/test_logtriage_wordings.py). No gap, no overlap per message text.
+    from caovan_vllm_sm75_turbo3.logtriage.signatures import SIGNATURES
+    from caovan_vllm_sm75_turbo3.policy import vllm_versions as vv
+    lo, hi = vv.minor_key(vv.SUPPORTED_MIN), vv.minor_key(vv.SUPPORTED_MAX_MINOR)
+    supported = [(lo[0], m) for m in range(lo[1], hi[1] + 1)]
+    for sig in SIGNATURES:
+        by_text: dict[str, list[tuple[int, int]]] = {}
+        for w in sig.wordings:
+            a, _, b = w.releases.partition("-")
+            by_text.setdefault(w.text, []).extend(
+                (vv.minor_key(a)[0], m) for m in range(vv.minor_key(a)[1], vv.minor_key(b or a)[1] + 1))
+        for text, minors in by_text.items():
+            assert sorted(minors) == supported, (sig.id, text)

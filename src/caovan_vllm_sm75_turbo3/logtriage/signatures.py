@@ -179,10 +179,15 @@ SIGNATURES: tuple[Signature, ...] = (
                "`No available memory for the cache blocks`"),
         title="the KV cache cannot hold one request of --max-model-len tokens",
         needles=(),
-        wordings=(Wording("cache is needed, which is larger than the available KV cache", "0.21-0.34",
+        # Read in every release's wheel (2026-12-05): kv_cache_utils.py up to 0.32, kv_cache_planning.py from 0.33.
+        wordings=(Wording("cache is needed, which is larger than the available KV cache", "0.21-0.32",
                           "vllm/v1/core/kv_cache_utils.py"),
-                  Wording("No available memory for the cache blocks. ", "0.21-0.34",
-                          "vllm/v1/core/kv_cache_utils.py")),
+                  Wording("cache is needed, which is larger than the available KV cache", "0.33-0.34",
+                          "vllm/v1/core/kv_cache_planning.py"),
+                  Wording("No available memory for the cache blocks. ", "0.21-0.32",
+                          "vllm/v1/core/kv_cache_utils.py"),
+                  Wording("No available memory for the cache blocks. ", "0.33-0.34",
+                          "vllm/v1/core/kv_cache_planning.py")),
         extract=re.compile(r"max seq len \((?P<max_model_len>\d+)\), \((?P<needed>[\d.]+) GiB KV cache is needed"
                            r".*?KV cache memory \((?P<available>[\d.]+) GiB\)"
                            r"(?:.*?estimated maximum model length is (?P<estimated_max_len>\d+))?"),
