@@ -195,7 +195,10 @@ def test_a_second_server_on_the_same_port_is_named(facts_server, lane):
 def test_the_healthy_servers_log_is_not_fatal(facts_server):
     srv, _ = facts_server
     t = triage_path(str(srv.log))
-    assert t.ready_line and t.http_ok > 10 and t.verdict in ("clean", "harmless-only"), t.to_dict()
+    # Never fatal; a warning only where our own checks warned (vLLM 0.27's CPU build is not one we
+    # ran end to end: runtime=WARN, which is true of this process).
+    assert t.ready_line and t.http_ok > 10 and t.exit_code < 2 and t.first_failure is None, t.to_dict()
+    assert {f.id for f in t.findings if f.status != "harmless"} <= {"caovan-runtime-warn"}, t.to_dict()
     assert t.caovan.status["sm75"] == "2/2" and t.caovan.processes >= 2
 
 

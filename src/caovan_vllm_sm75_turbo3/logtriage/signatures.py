@@ -433,7 +433,7 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature(
         id="caovan-runtime-warn",
         shown='the banner line `runtime=WARN`',
-        title="our launcher's checks warned (runtime=WARN)",
+        title="our plugin's checks warned (runtime=WARN)",
         needles=("runtime=WARN",),
         confirm=re.compile(r"^(?:\[Caovan\] )?runtime=WARN\b"),
         rule=Rule.WARNING, role=Role.CAUSE,
