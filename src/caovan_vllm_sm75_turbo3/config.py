@@ -93,6 +93,13 @@ class Settings:
         """Where `name` came from: default, env CAOVAN_X, additional-config key, or a CLI flag."""
         return self.sources.get(name, "default")
 
+    def where(self, name: str) -> str:
+        """How an error names the place `name` was given, as the parser's errors do."""
+        kind, _, what = self.source(name).partition(" ")
+        if kind == "additional-config":
+            return f"--additional-config key {what!r}"
+        return what if kind in ("env", "flag") else ENV_PREFIX + name.upper()
+
 
 @dataclass(frozen=True)
 class SettingSpec:

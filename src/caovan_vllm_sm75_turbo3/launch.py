@@ -108,7 +108,10 @@ def _profile_fill(facts: Facts, settings: Settings, args: VllmArgs, numbers: Lau
     """The launch profile's decisions for this machine and the model directory in `args` (as read),
     with what could not be read in the model directory as notes."""
     turbo = decide_turbo(facts, settings, facts.versions.triton)  # the user's CAOVAN_TURBO counts here too
-    fill = fill_launch(facts, model, settings.profile, args, load_table(), numbers, turbo=turbo)
+    table = load_table()
+    if settings.profile not in ("auto", "none"):
+        table.by_name(settings.profile, settings.where("profile"))   # an unknown name: named where it was given
+    fill = fill_launch(facts, model, settings.profile, args, table, numbers, turbo=turbo)
     return replace(fill, lines=(*fill.lines, *(f"model: {n}" for n in (model.notes if model else ()))))
 
 

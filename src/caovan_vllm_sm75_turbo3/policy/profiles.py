@@ -123,14 +123,14 @@ class ProfileTable:
     conservative: Profile
     origin: str = "package data"
 
-    def by_name(self, name: str) -> Profile:
-        """The named profile; SettingError listing the names when there is none."""
+    def by_name(self, name: str, where: str = "--profile / CAOVAN_PROFILE") -> Profile:
+        """The named profile; SettingError naming where the name came from (`where`) and listing the
+        names when there is none."""
         for p in self.profiles:
             if p.name == name:
                 return p
         names = ", ".join(p.name for p in self.profiles)
-        raise SettingError(f"--profile / CAOVAN_PROFILE={name!r} is not a launch profile: use auto, none "
-                           f"or one of {names}.")
+        raise SettingError(f"{where}={name!r} is not a launch profile: use auto, none or one of {names}.")
 
 
 @dataclass(frozen=True)
