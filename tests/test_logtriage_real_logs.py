@@ -18,6 +18,8 @@ CASES = {
     "real_vllm027_healthy_facts.log": (0, None, "", True),                 # plugin with SM75 facts, warmup, bench
     "real_vllm027_caovan_vllm_serve_no_gpu.log": (0, None, "", True),      # our banner says runtime=FAIL
     "real_vllm027_hybrid_gdn.log": (0, None, "", True),                    # Qwen3-Next, float32 SSM cache
+    # the same, stopped by SIGINT: vLLM force-killed its engine core and logged EngineDeadError
+    "real_vllm027_stopped_engine_dead_on_shutdown.log": (0, None, "", True),
     "real_vllm027_port_in_use.log": (2, "address-in-use", "Address already in use", False),
     "real_vllm027_missing_model.log": (2, "model-not-found", "does-not-exist", False),
     "real_vllm027_bad_flag.log": (2, "bad-argument", "--no-such-flag", False),
@@ -53,3 +55,9 @@ def test_our_own_lines_in_the_real_logs_are_read_as_ours():
     assert no_gpu.caovan.status["runtime"] == "FAIL" and no_gpu.caovan.status["sm75"] == "0/0"
     assert no_gpu.caovan.processes == 0 and no_gpu.caovan.inactive_processes >= 2
     assert [f.status for f in no_gpu.findings if f.id == "caovan-runtime-fail"] == ["harmless"]
+
+
+def test_a_requested_shutdown_is_not_the_engines_death():
+    t = triage_path(str(LOGS / "real_vllm027_stopped_engine_dead_on_shutdown.log"))
+    dead = next(f for f in t.findings if f.id == "engine-dead")
+    assert dead.status == "harmless" and dead.note.startswith("after the shutdown that began at line")

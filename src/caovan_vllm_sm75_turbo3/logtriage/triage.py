@@ -37,6 +37,9 @@ KERNEL_LAUNCH = re.compile(r"(?P<kernel>\w+)\[[^\]]*\]\(")
 FRAME = re.compile(r'File "(?P<path>[^"]+)", line \d+, in (?P<func>\w+)')
 EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(?::|$)")
 NOT_FAILURES = ("KeyboardInterrupt", "SystemExit", "CancelledError")
+# A shutdown someone asked for (Ctrl-C, SIGTERM): vLLM 0.27+ tags its steps "[shutdown]" and may then
+# log EngineDeadError from a force-killed engine core; uvicorn says "Shutting down" in every release.
+SHUTDOWN_MARKERS = ("[shutdown]", "Shutting down", "received signal=SIGINT", "received signal=SIGTERM")
 # Lines that end a process without a Python exception: the interpreter's and the shell's words for signals.
 FATAL_SIGNAL = re.compile(r"Fatal Python error|Segmentation fault|\bSIG(?:SEGV|ABRT|BUS|ILL|FPE)\b|core dumped"
                           r"|terminated by signal|died with signal")
@@ -222,6 +225,7 @@ class _Reader:
         self.pending: list[_Hit] = []
         self.frame_hits: dict[str | None, _Hit] = {}   # process -> a match in its open traceback's frames
         self.first_unknown: tuple[LogLine, str] | None = None
+        self.shutdown_line: int | None = None   # where a requested shutdown of a server that was ready began
         self.needles: tuple[tuple[str, int], ...] = _NEEDLES   # those present in the current block
         # The first alarm of any kind not explained by a signature: an unknown exception, an
         # AssertionError, a CRITICAL line, a fatal signal (with its phase), for a start that never got ready.
@@ -264,6 +268,8 @@ class _Reader:
                 ln.level == "CRITICAL" or text.startswith("AssertionError") or FATAL_SIGNAL.search(text)):
             self.first_alarm = (ln, tb_phase or self.phase or "")
         self._track_http(ln)
+        if self.shutdown_line is None and self.ready_line is not None and any(m in text for m in SHUTDOWN_MARKERS):
+            self.shutdown_line = ln.number
         if "Application startup complete" in text:
             self.ready_line = self.ready_line or ln.number
             self._close_wait("harmless", ln)
@@ -400,12 +406,17 @@ class _Reader:
 
     def _record(self, sig: Signature, hit: _Hit) -> None:
         f = self.findings.get(sig.id)
+        if f is None and self.shutdown_line is not None and sig.role is Role.CONSEQUENCE:
+            # the engine "died" because it was stopped: harmless, and said so
+            sig_status, note = "harmless", f"after the shutdown that began at line {self.shutdown_line}"
+        else:
+            sig_status, note = "fatal" if sig.rule is Rule.UNTIL_READY else sig.rule.value, ""   # decided in finish()
         if f is None:
-            status = "fatal" if sig.rule is Rule.UNTIL_READY else sig.rule.value   # decided in finish()
+            status = sig_status
             fix = sig.fixes_by_phase.get(hit.phase or "", sig.fix)
             self.findings[sig.id] = Finding(
                 sig.id, sig.title, status, sig.role.value, hit.line.number, hit.line.number, hit.count,
-                hit.line.text[:MAX_TEXT], hit.line.process, sig.cause, fix, dict(hit.details), hit.phase)
+                hit.line.text[:MAX_TEXT], hit.line.process, sig.cause, fix, dict(hit.details), hit.phase, note)
             return
         f.last_line = max(f.last_line, hit.line.number)
         f.count += hit.count
@@ -416,6 +427,8 @@ class _Reader:
             self.wait_outcome.setdefault(outcome, f"line {ln.number}: {ln.text[:120]}")
 
     def _note_unknown_exception(self, ln: LogLine, tb_phase: str | None) -> None:
+        if self.shutdown_line is not None:   # what a requested shutdown breaks is no failure
+            return
         if self.first_unknown is None and not any(n in ln.text for n in NOT_FAILURES):
             self.first_unknown = (ln, tb_phase or self.phase or "")
             self.first_alarm = self.first_alarm or self.first_unknown
