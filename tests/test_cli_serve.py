@@ -239,7 +239,7 @@ def test_without_an_sm75_gpu_vllm_starts_untouched(tmp_path, venv_with_fake_vllm
     assert not any(k.startswith(("VLLM_", "TRITON_", "TORCH_CUDA")) for k in got["env"])
     assert got["env"]["_CAOVAN_APPLIED"].endswith("nothing applied: no SM75 GPU visible")
     assert tree(home) == []
-    dry = serve(["--dry-run", *NO_REQUIRE], clean_env(home, **extra))
+    dry = serve(["--dry-run", *NO_REQUIRE], clean_env(home, **extra), python=str(venv_with_fake_vllm / "bin" / "python"))
     assert dry.returncode == 0 and dry.stdout.splitlines()[-2] == (
         "launch: would exec vLLM untouched (no SM75 GPU visible: nothing of ours applies)")
 

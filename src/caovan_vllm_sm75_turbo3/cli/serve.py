@@ -114,10 +114,9 @@ def stop_reason(prepared: Prepared, program: str | None) -> str | None:
     """Why a launch must not start: the plan's reasons, (the plugin off) refused arguments, or no
     `vllm` command to exec."""
     stop = prepared.plan.stop_reason() or prepared.refused_args
-    if program is None:
-        missing = ("vLLM's `vllm` command was not found next to this Python or on PATH: install vLLM "
-                   "(pip install vllm==0.21.0) into this environment")
-        stop = f"{stop}. {missing}" if stop else missing
+    if program is None and stop is None:   # the first reason is enough: bad input is fixed first
+        stop = ("vLLM's `vllm` command was not found next to this Python or on PATH: install vLLM "
+                "(pip install vllm==0.21.0) into this environment")
     return stop
 
 
