@@ -125,8 +125,8 @@ class Bench:
 
     def warm(self) -> None:
         """One short untimed request, so a cold server's first-request compile is not measured."""
-        body = self._body(short_question(f"{self.nonce}-warm"), 2)
-        self._send(body, "warm")
+        body = self.body(short_question(f"{self.nonce}-warm"), 2)
+        self.send(body, "warm")
 
     def run_all(self) -> list[Run]:
         """Every prompt length at every concurrency, `repeats` times."""
@@ -144,7 +144,7 @@ class Bench:
     def _repeat(self, run: Run, r: int) -> None:
         label = f"p{run.prompt_tokens}-c{run.concurrency}-r{r}"
         try:
-            prompts = [self._fit(f"{self.nonce}-{label}-{i}", run.prompt_tokens) for i in range(run.concurrency)]
+            prompts = [self.fit(f"{self.nonce}-{label}-{i}", run.prompt_tokens) for i in range(run.concurrency)]
             start = time.monotonic()
             with ThreadPoolExecutor(max_workers=run.concurrency) as pool:
                 futures = [pool.submit(self._stream, p, f"{label}:{self.nonce}:{i}") for i, p in enumerate(prompts)]
@@ -157,7 +157,8 @@ class Bench:
         counts = [s.output_tokens for s in samples]
         run.repeats.append((wall, None if None in counts else sum(c for c in counts if c is not None)))
 
-    def _fit(self, nonce: str, target: int) -> FittedPrompt:
+    def fit(self, nonce: str, target: int) -> FittedPrompt:
+        """A prompt of `target` tokens starting with `nonce` (fitted with the server's /tokenize)."""
         deadline = Deadline.after(self.config.request_timeout_s)
         return self.fitter.fit(nonce, target, partial(self._count, deadline))
 
@@ -165,7 +166,8 @@ class Bench:
         limit = deadline if deadline.left() < _TOKENIZE_TIMEOUT_S else _TOKENIZE_TIMEOUT_S
         return self.client.tokenize({"model": self.config.model, "messages": messages}, limit)
 
-    def _body(self, text: str, max_tokens: int) -> dict[str, Any]:
+    def body(self, text: str, max_tokens: int) -> dict[str, Any]:
+        """A streamed chat request of exactly `max_tokens` generated tokens."""
         # ignore_eos: exactly max_tokens are generated, whatever the model would say. return_token_ids
         # (vLLM 0.21+): a chunk for every token, also those that decode to no text, so TTFT and decode
         # time are the tokens', not the first visible text's.
@@ -173,11 +175,12 @@ class Bench:
                 "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
                 "return_token_ids": True}
 
-    def _send(self, body: dict[str, Any], label: str) -> Reply:
+    def send(self, body: dict[str, Any], label: str) -> Reply:
+        """One request under the bench's time limit, its id naming `label` in the server log."""
         return self.client.chat(body, Deadline.after(self.config.request_timeout_s), f"caovan-bench:{label}")
 
     def _stream(self, prompt: FittedPrompt, label: str) -> Sample:
-        reply = self._send(self._body(prompt.text, self.config.output_tokens), label)
+        reply = self.send(self.body(prompt.text, self.config.output_tokens), label)
         out, source = reply.completion_tokens, "usage"
         if out is None:
             out, source = self._count_text(reply.text + reply.reasoning), "tokenize"

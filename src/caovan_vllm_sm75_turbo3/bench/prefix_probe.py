@@ -81,14 +81,14 @@ def run_prefix_probe(client: ServerClient, model: str, prompt_tokens: int, timeo
                      say: Callable[[str], None]) -> PrefixProbe:
     """Send one prompt of about `prompt_tokens` tokens twice. Raises BenchFailed when a request fails."""
     bench = Bench(client, BenchConfig(model, (prompt_tokens,), OUTPUT_TOKENS, (1,), 1, timeout_s), say)
-    prompt = bench._fit(f"{bench.nonce}-prefix-probe", prompt_tokens)
-    body = bench._body(prompt.text, OUTPUT_TOKENS)
+    prompt = bench.fit(f"{bench.nonce}-prefix-probe", prompt_tokens)
+    body = bench.body(prompt.text, OUTPUT_TOKENS)
     readings = [read_counters(client)]
     replies = []
     try:
         for label in ("first", "repeat"):
             say(f"prefix probe: {label} request ({prompt_tokens} tokens)")
-            replies.append(bench._send(body, f"prefix-probe-{label}"))
+            replies.append(bench.send(body, f"prefix-probe-{label}"))
             readings.append(read_counters(client))
     except StepError as err:
         raise BenchFailed(client.redact(f"prefix probe: {err}")) from None
