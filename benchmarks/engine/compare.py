@@ -1,0 +1,144 @@
+"""Judge the engine runs of run_device.sh: plugin on against off, and n-gram speculation against
+plain greedy. Pure Python (no vLLM): the unit tests run it on CPU.
+
+    python3 compare.py OUTDIR --shim native|sm75     # prints the summary JSON
+
+Greedy tokens are compared prompt by prompt. Where two runs part, the first differing step is
+explained when, in each run, the other run's token is its second choice and the margin between
+the two is within the tolerance: twice the largest difference in the chosen token's logprob that
+the two runs show at the steps where they agree (what the two numerics differ by, measured in the
+same engine). After a divergence the continuations differ and are not compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+TOLERANCE_FACTOR = 2.0
+
+
+@dataclass
+class PromptVerdict:
+    prompt: int
+    steps: int
+    equal: bool
+    first_divergence: int | None = None
+    margin_a: float | None = None   # run a's logprob gap between its token and run b's (None: not in its top 2)
+    margin_b: float | None = None
+    explained: bool = True
+
+
+def agreeing_drift(a: dict[str, Any], b: dict[str, Any]) -> list[float]:
+    """|Δ logprob| of the chosen token at each step where both runs have chosen the same so far."""
+    out = []
+    for sa, sb in zip(a["steps"], b["steps"]):
+        if sa["chosen"] != sb["chosen"]:
+            break
+        out.append(abs(sa["chosen_logprob"] - sb["chosen_logprob"]))
+    return out
+
+
+def gap(step: dict[str, Any], other: int) -> float | None:
+    """Logprob of the step's chosen token less that of `other`, when `other` is in its top 2."""
+    top = {tok: lp for tok, lp in step["top"]}
+    return step["chosen_logprob"] - top[other] if other in top else None
+
+
+def judge_prompt(i: int, a: dict[str, Any], b: dict[str, Any], tolerance: float) -> PromptVerdict:
+    """Equal tokens, or the first divergence and whether the margins explain it."""
+    n = min(len(a["tokens"]), len(b["tokens"]))
+    for k in range(n):
+        ta, tb = a["tokens"][k], b["tokens"][k]
+        if ta != tb:
+            ma, mb = gap(a["steps"][k], tb), gap(b["steps"][k], ta)
+            ok = ma is not None and mb is not None and ma <= tolerance and mb <= tolerance
+            return PromptVerdict(i, n, False, k, ma, mb, ok)
+    return PromptVerdict(i, n, len(a["tokens"]) == len(b["tokens"]))
+
+
+def compare_runs(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Prompt verdicts of run a against run b, with the drift and the tolerance they were judged by."""
+    pairs = list(zip(a["completions"], b["completions"]))
+    drift = [d for ca, cb in pairs for d in agreeing_drift(ca, cb)]
+    for x in drift:
+        if x != x:   # NaN: a run produced no number
+            return {"drift_max": None, "tolerance": None, "prompts": [], "all_explained": False,
+                    "problem": "a logprob is NaN"}
+    drift_max = max(drift, default=0.0)
+    tolerance = TOLERANCE_FACTOR * drift_max
+    verdicts = [judge_prompt(i, ca, cb, tolerance) for i, (ca, cb) in enumerate(pairs)]
+    return {"drift_max": drift_max, "tolerance": tolerance, "prompts": [asdict(v) for v in verdicts],
+            "all_explained": bool(verdicts) and all(v.explained for v in verdicts)}
+
+
+def gdn_served(run: dict[str, Any]) -> dict[str, Any]:
+    """Whether every GDN op ran our kernel, and how often (prefill steps)."""
+    census, calls = run.get("census", {}), run.get("gdn_calls_after_greedy", [])
+    ops = census.get("gdn_ops", 0)
+    return {"gdn_ops": ops, "ours": census.get("ours", 0), "calls": calls,
+            "all_served": ops > 0 and census.get("ours") == ops and len(calls) == ops and min(calls) > 0}
+
+
+def speed_rows(on: dict[str, Any], off: dict[str, Any]) -> dict[str, Any]:
+    """tok/s of each speed row, on and off, and on/off."""
+    rows = {}
+    for name, row in (on.get("speed") or {}).items():
+        peer = (off.get("speed") or {}).get(name)
+        if peer:
+            rows[name] = {"on_tok_s": row["tok_s"], "off_tok_s": peer["tok_s"], "ratio": row["tok_s"] / peer["tok_s"]}
+    return rows
+
+
+def summarize(outdir: Path, shim: str) -> dict[str, Any]:
+    """The summary of one run_device.sh call; `problems` is empty when everything held."""
+    def load(name: str) -> dict[str, Any] | None:
+        path = outdir / f"{shim}-{name}.json"
+        return json.loads(path.read_text()) if path.is_file() else None
+
+    on, off, ngram = load("on"), load("off"), load("on-ngram")
+    problems: list[str] = []
+    summary: dict[str, Any] = {"shim": shim, "runs": {k: v is not None for k, v in
+                                                      (("on", on), ("off", off), ("on-ngram", ngram))}}
+    if on is None or off is None:
+        problems.append("a run of plugin on or off wrote no result (see its log)")
+    else:
+        summary["on_vs_off"] = compare_runs(on, off)
+        summary["gdn_on"] = gdn_served(on)
+        summary["gdn_off"] = gdn_served(off)
+        summary["prefix_cached_tokens"] = {"on": on["completions"][2]["num_cached_tokens"],
+                                           "off": off["completions"][2]["num_cached_tokens"]}
+        summary["speed"] = speed_rows(on, off)
+        if not summary["on_vs_off"]["all_explained"]:
+            problems.append("plugin on and off part at a step the margins do not explain")
+        if not summary["gdn_on"]["all_served"]:
+            problems.append("not every GDN layer ran our prefill with the plugin on")
+        if summary["gdn_off"]["ours"]:
+            problems.append("our prefill ran with the plugin off")
+        if not summary["prefix_cached_tokens"]["on"]:
+            problems.append("the repeated prefix was not served from the prefix cache")
+    if ngram is not None and on is not None:
+        plain = dict(on, completions=on["completions"][:len(ngram["completions"])])
+        summary["ngram_vs_greedy"] = compare_runs(ngram, plain)
+        if not summary["ngram_vs_greedy"]["all_explained"]:
+            problems.append("n-gram speculation parts from plain greedy at a step the margins do not explain")
+    summary["problems"] = problems
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("outdir", type=Path)
+    parser.add_argument("--shim", choices=("native", "sm75"), default="native")
+    args = parser.parse_args(argv)
+    summary = summarize(args.outdir, args.shim)
+    print(json.dumps(summary, indent=1))
+    return 1 if summary["problems"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

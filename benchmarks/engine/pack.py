@@ -1,0 +1,119 @@
+"""Pack vLLM 0.21.0 and what it needs for the lent GPU machine, which has no network and takes at
+most 64 MiB per call (the device tool's README). Run here, from the repository root:
+
+    python3 benchmarks/engine/pack.py            # writes .carry/ (ignored by git)
+
+What it writes:
+- `.carry/site.tar.xz`: a `site-packages` for Python 3.12 holding vLLM 0.21.0 (its wheel, less
+  `vllm_flash_attn` (328 MB, unused with TRITON_ATTN), the vendored DeepGEMM and FlashMLA, which a
+  dense model never loads, and the cubins of every architecture but the lent GPU's: see fatbin.py)
+  and the wheels of `carry_wheels.txt` (less xgrammar's static library).
+- `.carry/caovan/`: our own wheel, built from this checkout.
+On the device, `run_device.sh` unpacks them under /tmp and runs the engine check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from fatbin import prune_file, strip_symbols  # noqa: E402
+
+VLLM_PIN = "vllm==0.21.0"
+DEVICE_ARCH = 90   # H100 and H200: the cubins the lent machine loads
+LIMIT = 64 << 20   # the device tool's per-call limit, working tree included
+# Parts of the vLLM wheel the offline engine path on a dense hybrid model never imports (vLLM
+# imports `_moe_C` under contextlib.suppress(ImportError); its kernels serve MoE models only).
+DROP = ("vllm/vllm_flash_attn/", "vllm/third_party/deep_gemm/", "vllm/_flashmla_C.abi3.so",
+        "vllm/_flashmla_extension_C.abi3.so", "vllm/_moe_C.abi3.so")
+PLATFORMS = ("manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_24_x86_64", "manylinux_2_26_x86_64",
+             "manylinux_2_27_x86_64", "manylinux_2_28_x86_64", "manylinux_2_31_x86_64", "manylinux1_x86_64",
+             "manylinux_2_5_x86_64", "linux_x86_64")
+
+
+def pip(*args: str) -> None:
+    """Run pip quietly; its stderr shows only on failure."""
+    proc = subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True)
+    if proc.returncode:
+        sys.exit(f"pack: pip {' '.join(args[:2])} failed:\n{proc.stderr[-3000:]}")
+
+
+def vllm_wheel(cache: Path) -> Path:
+    """The vLLM 0.21.0 wheel (abi3, one file for every Python 3.8+), downloaded once."""
+    found = sorted(cache.glob("vllm-0.21.0-*.whl"))
+    if not found:
+        pip("download", "-q", "--no-deps", "-d", str(cache), VLLM_PIN)
+        found = sorted(cache.glob("vllm-0.21.0-*.whl"))
+    return found[0]
+
+
+def unpack_vllm(wheel: Path, site: Path) -> None:
+    """vLLM's files, less DROP, with its extensions pruned to DEVICE_ARCH and stripped."""
+    with zipfile.ZipFile(wheel) as zf:
+        for name in zf.namelist():
+            if not name.startswith(DROP) and "/__pycache__/" not in name:
+                zf.extract(name, site)
+    for so in sorted((site / "vllm").glob("*.so")):
+        before = so.stat().st_size
+        report = prune_file(so, DEVICE_ARCH)
+        strip_symbols(so)
+        zeroed = f"{report.zeroed_bytes >> 20} MiB of other architectures zeroed" if report else "no GPU code"
+        print(f"  {so.name}: {before >> 20} MiB, {zeroed}")
+
+
+def install_wheels(pins: Path, site: Path, cache: Path) -> None:
+    """The pinned dependency wheels for CPython 3.12 on x86-64, unpacked into `site`."""
+    wanted = [ln.strip() for ln in pins.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+    platforms = [arg for p in PLATFORMS for arg in ("--platform", p)]
+    pip("install", "-q", "--no-deps", "--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
+        *platforms, "--target", str(site), "--no-compile", "--cache-dir", str(cache / "pip"), *wanted)
+    for static in site.glob("xgrammar/lib/*.a"):
+        static.unlink()   # a static library for C++ users of xgrammar; Python loads the .so
+    for vocab in site.glob("mistral_common/data/tekken_*.json"):
+        vocab.unlink()    # Mistral's tokenizer vocabularies, read only for Mistral models
+    shutil.rmtree(site / "bin", ignore_errors=True)
+
+
+def build_ours(dest: Path) -> None:
+    """Our wheel from this checkout (no dependencies: the device has them)."""
+    shutil.rmtree(dest, ignore_errors=True)
+    pip("wheel", "-q", "--no-deps", "-w", str(dest), str(HERE.parents[1]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=".carry", help="folder to write (default .carry, ignored by git)")
+    parser.add_argument("--cache", default=str(Path.home() / ".cache" / "caovan-carry"),
+                        help="where the vLLM wheel and pip's downloads are kept between runs")
+    args = parser.parse_args(argv)
+    out, cache = Path(args.out), Path(args.cache)
+    cache.mkdir(parents=True, exist_ok=True)
+    stage = out / "stage"
+    shutil.rmtree(stage, ignore_errors=True)
+    site = stage / "site"
+    site.mkdir(parents=True)
+    wheel = vllm_wheel(cache)
+    print(f"pack: {wheel.name}")
+    unpack_vllm(wheel, site)
+    install_wheels(HERE / "carry_wheels.txt", site, cache)
+    archive = out / "site.tar.xz"
+    with tarfile.open(archive, "w:xz", preset=6) as tar:
+        tar.add(site, arcname="site")
+    shutil.rmtree(stage)
+    build_ours(out / "caovan")
+    total = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    print(f"pack: {archive} {archive.stat().st_size / 2**20:.1f} MiB; .carry in all {total / 2**20:.1f} MiB "
+          f"of the {LIMIT >> 20} MiB a call may carry (the working tree counts too)")
+    return 0 if total < LIMIT else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
