@@ -31,8 +31,10 @@ run_mode() {   # NAME PLUGIN(on|off) LIMIT_S ARGS...
   tail -3 "$OUTDIR/$name.log"
 }
 
-run_mode "$SHIM-on" on "${LIMIT_ON:-200}" --speed
-run_mode "$SHIM-off" off "${LIMIT_OFF:-200}" --speed
-[ "$SHIM" = native ] && run_mode "$SHIM-on-ngram" on "${LIMIT_NGRAM:-150}" --ngram
+START=$(date +%s)
+left() { echo $(( ${DEADLINE_S:-570} - ($(date +%s) - START) )); }   # the device tool stops a call at 600 s
+run_mode "$SHIM-on" on "${LIMIT_ON:-250}" --speed
+run_mode "$SHIM-off" off "$(( $(left) < ${LIMIT_OFF:-250} ? $(left) : ${LIMIT_OFF:-250} ))" --speed
+[ "$(left)" -gt 60 ] && run_mode "$SHIM-on-ngram" on "$(left)" --ngram
 python3 $HERE/compare.py "$OUTDIR" --shim "$SHIM" > "$OUTDIR/summary.json"
 cat "$OUTDIR/summary.json"
