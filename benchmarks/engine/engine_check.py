@@ -9,7 +9,10 @@ before vLLM is imported:
   Turbo hook's rewrite for allowlisted kernels, both through ptxas for sm_75) and hands the PTX
   to the driver, which JIT-compiles it for the GPU in hand. Test-only: what a Turing user runs,
   on another card.
-Plugin on or off is decided by the caller: our wheel on PYTHONPATH, or not.
+- `--device cpu` runs the same requests on vLLM's CPU build (no capability report, no shim, eager,
+  bfloat16): the serve lane checks this script's use of vLLM's API there.
+Plugin on or off is decided by the caller: our wheel on PYTHONPATH or not (or `VLLM_PLUGINS` naming
+another plugin); `plugin_loaded` in the JSON says which it was.
 
     python3 engine_check.py --model DIR --out FILE.json [--shim native|sm75] [--speed] [--ngram]
 """
@@ -81,9 +84,17 @@ def install_sm75_shim() -> dict[str, int]:
     return built
 
 
-def random_prompt(rng: random.Random, n: int) -> list[int]:
-    """`n` token ids away from the special tokens of the Qwen3.5 vocabulary."""
-    return [rng.randrange(1000, 200000) for _ in range(n)]
+def token_range(model: str) -> tuple[int, int]:
+    """Token ids to draw prompts from: the vocabulary's first 200,000 less its first tenth (at
+    most 1,000; Qwen's special tokens sit at the end, past 200,000, in the full-size vocabulary)."""
+    config = json.loads((Path(model) / "config.json").read_text())
+    vocab = int(config.get("text_config", config).get("vocab_size") or config["vocab_size"])
+    return min(1000, vocab // 10), min(200000, vocab)
+
+
+def random_prompt(rng: random.Random, n: int, ids: tuple[int, int]) -> list[int]:
+    """`n` token ids drawn from range(*ids)."""
+    return [rng.randrange(*ids) for _ in range(n)]
 
 
 def completion(out: Any) -> dict[str, Any]:
@@ -95,6 +106,32 @@ def completion(out: Any) -> dict[str, Any]:
         steps.append({"chosen": tok, "chosen_logprob": lps[tok].logprob,
                       "top": [[t, lp] for lp, t in ranked]})
     return {"tokens": list(c.token_ids), "steps": steps, "num_cached_tokens": out.num_cached_tokens}
+
+
+def scaled_weights(model: Any) -> int:
+    """Replace vLLM's dummy weights (uniform in ±1e-3: every logit near equal, every greedy choice a
+    coin toss) in place with seeded ones of a trained model's scale: matrices N(0, 1/fan_in), norm
+    scales near 1, GDN decays A = 1..16. In place, so captured CUDA graphs stay valid. Returns the
+    number of tensors set."""
+    import math
+
+    import torch
+
+    n = 0
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            g = torch.Generator(device=p.device).manual_seed(n + 1)
+            if name.endswith("A_log"):
+                p.copy_(torch.empty(p.shape, device=p.device).uniform_(0, math.log(16), generator=g))
+            elif p.ndim == 1 and "norm" in name:
+                p.copy_(1 + 0.02 * torch.randn(p.shape, device=p.device, generator=g))
+            elif p.ndim >= 2:
+                std = 1 / math.sqrt(p.shape[-1])
+                p.copy_(std * torch.randn(p.shape, device=p.device, generator=g))
+            else:
+                continue
+            n += 1
+    return n
 
 
 def gdn_census(model: Any) -> dict[str, Any]:
@@ -126,7 +163,7 @@ def timed(llm: Any, prompts: list[list[int]], params: Any) -> tuple[float, list[
     return time.perf_counter() - t0, outs
 
 
-def speed(llm: Any, rng: random.Random) -> dict[str, Any]:
+def speed(llm: Any, rng: random.Random, ids: tuple[int, int]) -> dict[str, Any]:
     """Prefill tok/s for each SPEED_PREFILL length (fresh prompts: no cache hit; best of 2) and
     single-stream decode tok/s (the time of DECODE_TOKENS+1 tokens less that of 1, same length)."""
     from vllm import SamplingParams
@@ -134,22 +171,27 @@ def speed(llm: Any, rng: random.Random) -> dict[str, Any]:
     one = SamplingParams(temperature=0.0, max_tokens=1, detokenize=False)
     rows: dict[str, Any] = {}
     for n in SPEED_PREFILL:
-        times = [timed(llm, [random_prompt(rng, n)], one)[0] for _ in range(2)]
+        times = [timed(llm, [random_prompt(rng, n, ids)], one)[0] for _ in range(2)]
         rows[f"prefill_{n}"] = {"seconds": times, "tok_s": n / min(times)}
     many = SamplingParams(temperature=0.0, max_tokens=DECODE_TOKENS + 1, ignore_eos=True, detokenize=False)
-    t1 = min(timed(llm, [random_prompt(rng, 1024)], one)[0] for _ in range(2))
-    tn = min(timed(llm, [random_prompt(rng, 1024)], many)[0] for _ in range(2))
+    t1 = min(timed(llm, [random_prompt(rng, 1024, ids)], one)[0] for _ in range(2))
+    tn = min(timed(llm, [random_prompt(rng, 1024, ids)], many)[0] for _ in range(2))
     rows["decode_1024"] = {"seconds_first": t1, "seconds_all": tn, "tok_s": DECODE_TOKENS / (tn - t1)}
     return rows
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """LLM(...) arguments: chunked prefill at CHUNK, prefix caching, and on the GPU TRITON_ATTN
+    (FlashInfer's JIT would build sm_75 code) with PIECEWISE CUDA graphs."""
     kw: dict[str, Any] = dict(
-        model=args.model, load_format="dummy", skip_tokenizer_init=True, dtype="float16", seed=0,
-        max_model_len=40960, max_num_seqs=8, max_num_batched_tokens=CHUNK, enable_prefix_caching=True,
-        gpu_memory_utilization=args.gpu_memory_utilization, attention_config={"backend": "TRITON_ATTN"},
-        limit_mm_per_prompt={"image": 0, "video": 0},
-        compilation_config={"cudagraph_mode": "PIECEWISE", "cudagraph_capture_sizes": [1, 2, 4, 8]})
+        model=args.model, load_format="dummy", skip_tokenizer_init=True, seed=0, max_num_seqs=8,
+        max_num_batched_tokens=CHUNK, enable_prefix_caching=args.prefix_caching)
+    if args.device == "cpu":
+        kw.update(dtype="bfloat16", mamba_ssm_cache_dtype="float32", enforce_eager=True, max_model_len=4096)
+    else:
+        kw.update(dtype="float16", max_model_len=40960, gpu_memory_utilization=args.gpu_memory_utilization,
+                  attention_config={"backend": "TRITON_ATTN"}, limit_mm_per_prompt={"image": 0, "video": 0},
+                  compilation_config={"cudagraph_mode": "PIECEWISE", "cudagraph_capture_sizes": [1, 2, 4, 8]})
     if args.ngram:
         kw["speculative_config"] = {"method": "ngram", "num_speculative_tokens": 3,
                                     "prompt_lookup_min": 2, "prompt_lookup_max": 4}
@@ -160,46 +202,54 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="folder with the model's config.json")
     parser.add_argument("--out", required=True, help="JSON file to write")
+    parser.add_argument("--device", choices=("gpu", "cpu"), default="gpu")
     parser.add_argument("--shim", choices=("native", "sm75"), default="native")
     parser.add_argument("--capability", default="7.5", help="the capability reported (default 7.5)")
+    parser.add_argument("--weights", choices=("scaled", "dummy"), default=None,
+                        help="random weights of a trained model's scale, set in place (the GPU's default: "
+                             "vLLM multiplies by the parameters there), or vLLM's dummy ones (the CPU's "
+                             "default: its build repacks the weights at load, so later changes are unseen)")
     parser.add_argument("--speed", action="store_true", help="also time prefill and decode")
     parser.add_argument("--ngram", action="store_true", help="n-gram speculative decoding")
+    parser.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                        help="vLLM's prefix caching (default on; vLLM 0.27's CPU build cannot combine it "
+                             "with speculation on a hybrid model: a Triton kernel copies the GDN states)")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     args = parser.parse_args(argv)
+    args.weights = args.weights or ("dummy" if args.device == "cpu" else "scaled")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")   # one process: our patches reach the engine
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")    # no compile workers without the shim
-    major, minor = (int(x) for x in args.capability.split("."))
-    report_turing((major, minor))
-    shim = install_sm75_shim() if args.shim == "sm75" else None
-    result: dict[str, Any] = {"argv": sys.argv[1:], "plugin": "caovan_vllm_sm75_turbo3" in sys.modules or _plugin_present()}
+    shim = None
+    if args.device == "gpu":
+        major, minor = (int(x) for x in args.capability.split("."))
+        report_turing((major, minor))
+        shim = install_sm75_shim() if args.shim == "sm75" else None
+    result: dict[str, Any] = {"argv": sys.argv[1:] if argv is None else argv}
     from vllm import LLM, SamplingParams
 
     t0 = time.perf_counter()
     llm = LLM(**engine_kwargs(args))
     result["engine_start_s"] = time.perf_counter() - t0
+    result["plugin_loaded"] = "caovan_vllm_sm75_turbo3.plugin.register" in sys.modules
     result["census"] = llm.apply_model(gdn_census)[0]
-    rng = random.Random(1)
-    prompts = [random_prompt(rng, n) for n in PROMPTS]
-    prompts.append(prompts[0][:SHARED_PREFIX] + random_prompt(rng, 400))
-    prompts.append((random_prompt(rng, 16) * 40)[:600])   # repeats: something for the n-gram proposer
+    if args.weights == "scaled":
+        result["weights_scaled"] = llm.apply_model(scaled_weights)[0]
+    rng, ids = random.Random(1), token_range(args.model)
+    prompts = [random_prompt(rng, n, ids) for n in PROMPTS]
+    prompts.append(prompts[0][:SHARED_PREFIX] + random_prompt(rng, 400, ids))
+    prompts.append((random_prompt(rng, 16, ids) * 40)[:600])   # repeats: something for the n-gram proposer
     greedy = SamplingParams(temperature=0.0, max_tokens=GEN_TOKENS, logprobs=2, detokenize=False, ignore_eos=True)
     _, first = timed(llm, prompts[:2], greedy)
     _, again = timed(llm, prompts[2:], greedy)   # after the first finished: its blocks are cached
     result["completions"] = [completion(o) for o in first + again]
     result["gdn_calls_after_greedy"] = llm.apply_model(gdn_calls)[0]
     if args.speed:
-        result["speed"] = speed(llm, random.Random(2))
+        result["speed"] = speed(llm, random.Random(2), ids)
     if shim is not None:
         result["sm75_ptx_kernels"] = shim["kernels"]
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(f"engine_check: wrote {args.out}", flush=True)
     return 0
-
-
-def _plugin_present() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("caovan_vllm_sm75_turbo3") is not None
 
 
 if __name__ == "__main__":

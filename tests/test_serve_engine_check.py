@@ -1,0 +1,91 @@
+"""The in-engine check of benchmarks/engine (issue: the whole model inside vLLM on a lent GPU), run
+here on vLLM's CPU build: the script's requests, logprobs, GDN census, prefix-cache reading and the
+comparison, against a real engine. What the CPU cannot show: our kernels (vLLM's own CPU kernels
+serve the GDN layers; the plugin says "nothing of ours applies"), CUDA graphs, the sm_75 shim and
+any speed. Those need the lent GPU (benchmarks/engine/run_device.sh)."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers.real_vllm import lane_env
+from helpers.tiny_model import write_qwen3_next
+
+pytestmark = pytest.mark.serve
+
+ROOT = Path(__file__).resolve().parents[1]
+ENGINE = ROOT / "benchmarks" / "engine"
+sys.path.insert(0, str(ENGINE))
+import compare  # noqa: E402
+import engine_check  # noqa: E402
+
+RUN_LIMIT_S = 420
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("engine")
+    model = write_qwen3_next(root / "hybrid")
+    out = root / "out"
+    out.mkdir()
+    modes = {"off": (["--device", "cpu"], {"VLLM_PLUGINS": "no-plugin-of-that-name"}),
+             "on": (["--device", "cpu"], {}),
+             # vLLM 0.27's CPU build copies GDN states with a Triton kernel when speculation meets
+             # prefix caching on a hybrid model; without Triton there, that pair cannot run.
+             "on-ngram": (["--device", "cpu", "--ngram", "--no-prefix-caching"], {})}
+    logs = {}
+    for name, (args, extra) in modes.items():
+        env = lane_env(root / f"home-{name}", CAOVAN_FACTS=str(ENGINE / "facts-sm75-proxy.json"), **extra)
+        log = root / f"{name}.log"
+        with log.open("w") as f:
+            proc = subprocess.run([sys.executable, str(ENGINE / "engine_check.py"), "--model", str(model),
+                                   "--out", str(out / f"native-{name}.json"), *args],
+                                  stdout=f, stderr=subprocess.STDOUT, env=env, timeout=RUN_LIMIT_S,
+                                  stdin=subprocess.DEVNULL)
+        logs[name] = log.read_text(errors="replace")
+        assert proc.returncode == 0, logs[name][-3000:]
+    return {"summary": compare.summarize(out, "native"), "out": out, "logs": logs}
+
+
+def _load(runs: dict, name: str) -> dict:
+    import json
+    return json.loads((runs["out"] / f"native-{name}.json").read_text())
+
+
+def test_each_run_answers_every_prompt_with_finite_top_two_logprobs(runs):
+    for name in ("off", "on", "on-ngram"):
+        run = _load(runs, name)
+        assert len(run["completions"]) == 4
+        for c in run["completions"]:
+            assert len(c["tokens"]) == engine_check.GEN_TOKENS == len(c["steps"])
+            for step in c["steps"]:
+                assert len(step["top"]) == 2 and step["top"][0][1] >= step["top"][1][1]
+                assert all(math.isfinite(lp) for _, lp in step["top"]) and math.isfinite(step["chosen_logprob"])
+                assert step["chosen"] == step["top"][0][0]   # greedy takes the best
+
+
+def test_plugin_on_and_off_are_what_the_runs_say(runs):
+    assert _load(runs, "on")["plugin_loaded"] is True
+    assert _load(runs, "off")["plugin_loaded"] is False
+    assert "Caovan" in runs["logs"]["on"] and "Caovan" not in runs["logs"]["off"]
+
+
+def test_the_census_finds_every_gdn_layer_and_the_cpu_runs_vllms_own(runs):
+    s = runs["summary"]
+    assert s["gdn_on"]["gdn_ops"] == s["gdn_off"]["gdn_ops"] == 3   # the tiny Qwen3-Next: 3 GDN + 1 attention
+    assert s["gdn_on"]["ours"] == 0 and s["problems"] == ["not every GDN layer ran our prefill with the plugin on"]
+    assert "gdn_legacy=upstream" in runs["logs"]["on"]
+
+
+def test_the_repeated_prefix_is_served_from_the_cache_and_outputs_agree(runs):
+    s = runs["summary"]
+    assert s["prefix_cached_tokens"]["on"] >= engine_check.SHARED_PREFIX // 2
+    assert s["prefix_cached_tokens"]["off"] == s["prefix_cached_tokens"]["on"]
+    # the same vLLM kernels either way: the same tokens and logprobs
+    assert s["on_vs_off"]["drift_max"] == 0.0 and all(p["equal"] for p in s["on_vs_off"]["prompts"])
+    assert s["ngram_vs_greedy"]["all_explained"], s["ngram_vs_greedy"]
