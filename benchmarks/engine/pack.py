@@ -2,6 +2,7 @@
 most 64 MiB per call (the device tool's README). Run here, from the repository root:
 
     python3 benchmarks/engine/pack.py            # writes .carry/ (ignored by git)
+    python3 benchmarks/engine/pack.py --vllm 0.34.0 --measure-only   # sizes only, for another release
 
 What it writes:
 - `.carry/site.tar.xz`: a `site-packages` for Python 3.12 holding vLLM 0.21.0 (its wheel, less
@@ -26,8 +27,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from fatbin import prune_file, strip_symbols  # noqa: E402
 
-VLLM_PIN = "vllm==0.21.0"
 DEVICE_ARCH = 90   # H100 and H200: the cubins the lent machine loads
+DEVICE_TORCH = "2.11.0"   # the lent machine's torch (the device tool's KINDS.md); vLLM's _C is built for one
 LIMIT = 64 << 20   # the device tool's per-call limit, working tree included
 # Parts of the vLLM wheel the offline engine path on a dense hybrid model never imports (vLLM
 # imports `_moe_C` under contextlib.suppress(ImportError); its kernels serve MoE models only).
@@ -45,13 +46,23 @@ def pip(*args: str) -> None:
         sys.exit(f"pack: pip {' '.join(args[:2])} failed:\n{proc.stderr[-3000:]}")
 
 
-def vllm_wheel(cache: Path) -> Path:
-    """The vLLM 0.21.0 wheel (abi3, one file for every Python 3.8+), downloaded once."""
-    found = sorted(cache.glob("vllm-0.21.0-*.whl"))
+def vllm_wheel(cache: Path, version: str) -> Path:
+    """The vLLM wheel of `version` (abi3, one file for every Python 3.8+), downloaded once."""
+    found = sorted(cache.glob(f"vllm-{version}-*.whl"))
     if not found:
-        pip("download", "-q", "--no-deps", "-d", str(cache), VLLM_PIN)
-        found = sorted(cache.glob("vllm-0.21.0-*.whl"))
+        pip("download", "-q", "--no-deps", "-d", str(cache), f"vllm=={version}")
+        found = sorted(cache.glob(f"vllm-{version}-*.whl"))
     return found[0]
+
+
+def torch_pin(wheel: Path) -> str | None:
+    """The `torch==X` version the wheel's metadata pins (its compiled ops need that torch)."""
+    with zipfile.ZipFile(wheel) as zf:
+        meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        for line in zf.read(meta).decode().splitlines():
+            if line.startswith("Requires-Dist: torch=="):
+                return line.split("==", 1)[1].split(";")[0].strip()
+    return None
 
 
 def unpack_vllm(wheel: Path, site: Path) -> None:
@@ -90,6 +101,11 @@ def build_ours(dest: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--vllm", default="0.21.0", help="the vLLM release to pack (default 0.21.0)")
+    parser.add_argument("--wheels", default=str(HERE / "carry_wheels.txt"),
+                        help="the pinned wheels it needs beside the device's packages (default: 0.21.0's)")
+    parser.add_argument("--measure-only", action="store_true",
+                        help="pack vLLM alone, print its size and whether the device's torch fits it")
     parser.add_argument("--out", default=".carry", help="folder to write (default .carry, ignored by git)")
     parser.add_argument("--cache", default=str(Path.home() / ".cache" / "caovan-carry"),
                         help="where the vLLM wheel and pip's downloads are kept between runs")
@@ -100,18 +116,27 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(stage, ignore_errors=True)
     site = stage / "site"
     site.mkdir(parents=True)
-    wheel = vllm_wheel(cache)
-    print(f"pack: {wheel.name}")
+    wheel = vllm_wheel(cache, args.vllm)
+    pinned = torch_pin(wheel)
+    print(f"pack: {wheel.name} (needs torch {pinned}; the lent machine has {DEVICE_TORCH})")
     unpack_vllm(wheel, site)
-    install_wheels(HERE / "carry_wheels.txt", site, cache)
-    archive = out / "site.tar.xz"
+    if not args.measure_only:
+        install_wheels(Path(args.wheels), site, cache)
+    archive = out / ("vllm-only.tar.xz" if args.measure_only else "site.tar.xz")
     with tarfile.open(archive, "w:xz", preset=6) as tar:
         tar.add(site, arcname="site")
     shutil.rmtree(stage)
+    if args.measure_only:
+        print(f"pack: {archive} {archive.stat().st_size / 2**20:.1f} MiB (vLLM alone)")
+        return 0 if pinned == DEVICE_TORCH else 2
     build_ours(out / "caovan")
     total = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
     print(f"pack: {archive} {archive.stat().st_size / 2**20:.1f} MiB; .carry in all {total / 2**20:.1f} MiB "
           f"of the {LIMIT >> 20} MiB a call may carry (the working tree counts too)")
+    if pinned != DEVICE_TORCH:
+        print(f"pack: vLLM {args.vllm}'s compiled ops need torch {pinned}, which the lent machine lacks "
+              f"and which is far larger than a call may carry")
+        return 2
     return 0 if total < LIMIT else 1
 
 
