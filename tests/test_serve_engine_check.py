@@ -37,7 +37,8 @@ def runs(tmp_path_factory) -> dict:
              "on": (["--device", "cpu"], {}),
              # vLLM 0.27's CPU build copies GDN states with a Triton kernel when speculation meets
              # prefix caching on a hybrid model; without Triton there, that pair cannot run.
-             "on-ngram": (["--device", "cpu", "--ngram", "--no-prefix-caching"], {})}
+             "on-ngram": (["--device", "cpu", "--ngram", "--no-prefix-caching"], {}),
+             "on-long": (["--device", "cpu", "--long-context", "3584", "--chunk", "1024"], {})}
     logs = {}
     for name, (args, extra) in modes.items():
         env = lane_env(root / f"home-{name}", CAOVAN_FACTS=str(ENGINE / "facts-sm75-proxy.json"), **extra)
@@ -89,3 +90,14 @@ def test_the_repeated_prefix_is_served_from_the_cache_and_outputs_agree(runs):
     # the same vLLM kernels either way: the same tokens and logprobs
     assert s["on_vs_off"]["drift_max"] == 0.0 and all(p["equal"] for p in s["on_vs_off"]["prompts"])
     assert s["ngram_vs_greedy"]["all_explained"], s["ngram_vs_greedy"]
+
+
+def test_the_long_context_rows_read_the_last_chunk_alone_and_the_kv_capacity(runs):
+    long = _load(runs, "on-long")["long_context"]
+    # the head (3584 - 1024 tokens) is cached, up to the last whole block the GDN state was kept at
+    assert 3584 - 1024 - 1024 < long["cached_before_last_chunk"] <= 3584 - 1024
+    assert 0 < long["late_chunk_tok_s"] < float("inf") and 0 < long["decode_tok_s"] < float("inf")
+    for name in ("off", "on", "on-long"):
+        cap = _load(runs, name)["kv_capacity"]
+        assert cap["tokens"] == cap["blocks"] * cap["block_size"] > 0
+    assert runs["summary"]["kv_capacity_tokens"]["on"] == runs["summary"]["kv_capacity_tokens"]["off"]

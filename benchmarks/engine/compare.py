@@ -84,14 +84,21 @@ def gdn_served(run: dict[str, Any]) -> dict[str, Any]:
             "all_served": ops > 0 and census.get("ours") == ops and len(calls) == ops and min(calls) > 0}
 
 
+def _tok_s(run: dict[str, Any]) -> dict[str, float]:
+    """Every tok/s figure of a run, by row name."""
+    rows = {name: row["tok_s"] for name, row in (run.get("speed") or {}).items()}
+    long = run.get("long_context")
+    if long:
+        rows[f"late_chunk_{long['tokens']}"] = long["late_chunk_tok_s"]
+        rows[f"decode_at_{long['tokens']}"] = long["decode_tok_s"]
+    return rows
+
+
 def speed_rows(on: dict[str, Any], off: dict[str, Any]) -> dict[str, Any]:
     """tok/s of each speed row, on and off, and on/off."""
-    rows = {}
-    for name, row in (on.get("speed") or {}).items():
-        peer = (off.get("speed") or {}).get(name)
-        if peer:
-            rows[name] = {"on_tok_s": row["tok_s"], "off_tok_s": peer["tok_s"], "ratio": row["tok_s"] / peer["tok_s"]}
-    return rows
+    mine, peer = _tok_s(on), _tok_s(off)
+    return {name: {"on_tok_s": v, "off_tok_s": peer[name], "ratio": v / peer[name]}
+            for name, v in mine.items() if peer.get(name)}
 
 
 def summarize(outdir: Path, shim: str) -> dict[str, Any]:
@@ -113,6 +120,7 @@ def summarize(outdir: Path, shim: str) -> dict[str, Any]:
         summary["prefix_cached_tokens"] = {"on": on["completions"][2]["num_cached_tokens"],
                                            "off": off["completions"][2]["num_cached_tokens"]}
         summary["speed"] = speed_rows(on, off)
+        summary["kv_capacity_tokens"] = {k: (r.get("kv_capacity") or {}).get("tokens") for k, r in (("on", on), ("off", off))}
         if not summary["on_vs_off"]["all_explained"]:
             problems.append("plugin on and off part at a step the margins do not explain")
         if not summary["gdn_on"]["all_served"]:

@@ -180,18 +180,49 @@ def speed(llm: Any, rng: random.Random, ids: tuple[int, int]) -> dict[str, Any]:
     return rows
 
 
+def long_context(llm: Any, rng: random.Random, ids: tuple[int, int], n: int, chunk: int) -> dict[str, Any]:
+    """Prefill tok/s of the last `chunk` of an `n`-token prompt and decode tok/s at that depth.
+
+    The first n - chunk tokens are prefilled once; the whole prompt then hits the prefix cache for
+    them, so its time is that of the last chunk alone, attending to all that came before."""
+    from vllm import SamplingParams
+
+    one = SamplingParams(temperature=0.0, max_tokens=1, detokenize=False)
+    many = SamplingParams(temperature=0.0, max_tokens=DECODE_TOKENS + 1, ignore_eos=True, detokenize=False)
+    prompt = random_prompt(rng, n, ids)
+    t_head, _ = timed(llm, [prompt[:n - chunk]], one)
+    t_last, outs = timed(llm, [prompt], one)
+    t_hit, _ = timed(llm, [prompt], one)          # all cached but the last block: the baseline for decode
+    t_all, _ = timed(llm, [prompt], many)
+    return {"tokens": n, "chunk": chunk, "seconds_head": t_head, "cached_before_last_chunk": outs[0].num_cached_tokens,
+            "late_chunk_tok_s": (n - outs[0].num_cached_tokens) / t_last,
+            "decode_tok_s": DECODE_TOKENS / max(t_all - t_hit, 1e-9)}
+
+
+def kv_capacity(llm: Any) -> dict[str, Any]:
+    """The KV cache vLLM set up at start: blocks, tokens per block, tokens in all."""
+    cache = llm.llm_engine.vllm_config.cache_config
+    blocks, size = cache.num_gpu_blocks, cache.block_size
+    return {"blocks": blocks, "block_size": size, "tokens": blocks * size if blocks and size else None,
+            "kv_cache_dtype": str(cache.cache_dtype)}
+
+
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """LLM(...) arguments: chunked prefill at CHUNK, prefix caching, and on the GPU TRITON_ATTN
-    (FlashInfer's JIT would build sm_75 code) with PIECEWISE CUDA graphs."""
+    """LLM(...) arguments: chunked prefill at --chunk, prefix caching, and on the GPU the attention
+    backend asked for with PIECEWISE CUDA graphs."""
     kw: dict[str, Any] = dict(
         model=args.model, load_format="dummy", skip_tokenizer_init=True, seed=0, max_num_seqs=8,
-        max_num_batched_tokens=CHUNK, enable_prefix_caching=args.prefix_caching)
+        max_num_batched_tokens=args.chunk, enable_prefix_caching=args.prefix_caching,
+        kv_cache_dtype=args.kv_cache_dtype)
+    if args.attention_backend:
+        kw["attention_config"] = {"backend": args.attention_backend}
     if args.device == "cpu":
-        kw.update(dtype="bfloat16", mamba_ssm_cache_dtype="float32", enforce_eager=True, max_model_len=4096)
+        kw.update(dtype="bfloat16", mamba_ssm_cache_dtype="float32", enforce_eager=True,
+                  max_model_len=args.max_model_len or 4096)
     else:
-        kw.update(dtype="float16", max_model_len=40960, gpu_memory_utilization=args.gpu_memory_utilization,
-                  attention_config={"backend": "TRITON_ATTN"}, limit_mm_per_prompt={"image": 0, "video": 0},
-                  compilation_config={"cudagraph_mode": "PIECEWISE", "cudagraph_capture_sizes": [1, 2, 4, 8]})
+        kw.update(dtype="float16", max_model_len=args.max_model_len or 40960,
+                  gpu_memory_utilization=args.gpu_memory_utilization, limit_mm_per_prompt={"image": 0, "video": 0},
+                  compilation_config={"cudagraph_mode": args.cudagraph_mode, "cudagraph_capture_sizes": [1, 2, 4, 8]})
     if args.ngram:
         kw["speculative_config"] = {"method": "ngram", "num_speculative_tokens": 3,
                                     "prompt_lookup_min": 2, "prompt_lookup_max": 4}
@@ -215,8 +246,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="vLLM's prefix caching (default on; vLLM 0.27's CPU build cannot combine it "
                              "with speculation on a hybrid model: a Triton kernel copies the GDN states)")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
+    parser.add_argument("--chunk", type=int, default=CHUNK, help="--max-num-batched-tokens (default 2048)")
+    parser.add_argument("--max-model-len", type=int, default=0, help="default 40960 on the GPU, 4096 on the CPU")
+    parser.add_argument("--kv-cache-dtype", default="auto", help="auto, fp8 (e4m3) or fp8_e5m2")
+    parser.add_argument("--attention-backend", default=None,
+                        help="vLLM's attention backend (default on the GPU: TRITON_ATTN; CUSTOM is ours, 0.24+)")
+    parser.add_argument("--cudagraph-mode", default="PIECEWISE", help="PIECEWISE (default) or FULL_AND_PIECEWISE")
+    parser.add_argument("--long-context", type=int, default=0, metavar="TOKENS",
+                        help="also time the last --chunk of a prompt this long, and decode at its depth")
     args = parser.parse_args(argv)
     args.weights = args.weights or ("dummy" if args.device == "cpu" else "scaled")
+    if args.device == "gpu" and args.attention_backend is None:
+        args.attention_backend = "TRITON_ATTN"   # FlashInfer's JIT would build sm_75 code the GPU cannot run
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")   # one process: our patches reach the engine
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")    # no compile workers without the shim
     shim = None
@@ -231,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     llm = LLM(**engine_kwargs(args))
     result["engine_start_s"] = time.perf_counter() - t0
     result["plugin_loaded"] = "caovan_vllm_sm75_turbo3.plugin.register" in sys.modules
+    result["kv_capacity"] = kv_capacity(llm)
     result["census"] = llm.apply_model(gdn_census)[0]
     if args.weights == "scaled":
         result["weights_scaled"] = llm.apply_model(scaled_weights)[0]
@@ -245,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     result["gdn_calls_after_greedy"] = llm.apply_model(gdn_calls)[0]
     if args.speed:
         result["speed"] = speed(llm, random.Random(2), ids)
+    if args.long_context:
+        result["long_context"] = long_context(llm, random.Random(3), ids, args.long_context, args.chunk)
     if shim is not None:
         result["sm75_ptx_kernels"] = shim["kernels"]
     Path(args.out).write_text(json.dumps(result, indent=1))
