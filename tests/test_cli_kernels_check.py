@@ -44,6 +44,7 @@ def test_allowlisted_kernel_compiles_for_sm75_through_the_hook(entry) -> None:
                                       else len(rows) // 2)
     for plain, turbo in zip(rows[0::2], rows[1::2]):
         assert (plain.build, turbo.build) == ("plain", "turbo")
+        assert plain.ok, (plain.config, plain.problems)   # a fallback may be slow, never fail to launch
         assert turbo.ok, (turbo.config, turbo.problems)
         assert turbo.spill_bytes == 0 and turbo.shared_bytes <= 65536
         assert turbo.mma_count > 0 and plain.mma_count == 0

@@ -198,6 +198,34 @@ def test_launch_options_are_the_specs(monkeypatch, decode):
         n: spec.constexprs[n] for n in ("BLOCK_M", "BLOCK_Q", "TILE_N")}
 
 
+@pytest.mark.parametrize("fmt", ["fp16", "fp8_e4m3"])
+def test_a_prefill_build_too_big_for_turing_relaunches_with_the_plain_config(monkeypatch, fmt):
+    """Where the prefill build came out plain (no Turbo rewrite), Triton refuses its 98 KiB tile on
+    Turing (OutOfResources at launch); the launcher then runs PREFILL_PLAIN, and the answer is right."""
+    from triton.runtime.errors import OutOfResources
+
+    from caovan_vllm_sm75_turbo3.kernels.attention.configs import PREFILL, PREFILL_PLAIN
+
+    launches = []
+    interpreted = kernel._attn_kernel
+    too_big = PREFILL[(256, fmt)]
+
+    class Turing:   # refuses the tile a plain build cannot hold, as Triton's loader does on sm_75
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                launches.append((kwargs["BLOCK_M"], kwargs["TILE_N"], kwargs["num_warps"]))
+                if (kwargs["TILE_N"], kwargs["num_warps"]) == (too_big.tile_n, too_big.num_warps):
+                    raise OutOfResources(98304, 65536, "shared memory")
+                return interpreted[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(kernel, "_attn_kernel", Turing())
+    assert _run(fmt, 256, 6, 1, 16, [FRESH, CHUNK]) <= BUDGET
+    plain = PREFILL_PLAIN[(256, fmt)]
+    assert launches == [(64, too_big.tile_n, too_big.num_warps), (32, plain.tile_n, plain.num_warps)]
+    assert plain != too_big
+
+
 def test_split_plan_fills_the_gpu_from_host_numbers():
     assert kernel.plan_splits(2, 131072, 68) == 64
     assert kernel.plan_splits(2, 4096, 68) == 8  # no split shorter than MIN_KEYS_PER_SPLIT

@@ -129,22 +129,22 @@ class CheckRow:
         return dict(self.__dict__)
 
 
-def check_builds(kernel: ResolvedKernel) -> Iterator[tuple[dict[str, Any], dict[str, str], dict[str, Any], int,
-                                                           list[str]]]:
+Build = tuple[dict[str, Any], dict[str, str], dict[str, Any], int, list[str]]
+
+
+def check_builds(kernel: ResolvedKernel, *, plain: bool = False) -> Iterator[Build]:
     """(config, signature, constexprs, num_warps, divisible parameters) of each build the check compiles.
 
     The entry's `check` either gives one `signature` and base `constexprs` (each verified config
     adds its own), or names a `specs` provider ("module:function") returning objects with `fn`,
-    `name`, `signature`, `constexprs` and `num_warps`, as our own kernels pin them.
+    `name`, `signature`, `constexprs` and `num_warps`, as our own kernels pin them. With `plain`,
+    in the same order, what the product runs where that build comes out plain: a spec's
+    `plain_fallback` where it has one (the launcher's fallback), else the same build.
     """
     check = kernel.entry.check
     if "specs" in check:
         for spec in _pinned_specs(kernel, listed=True):
-            # the launcher's stages and register cap, so the plain build is the product's fallback
-            cfg = {"spec": spec.name, "num_warps": spec.num_warps, "num_stages": spec.num_stages}
-            if spec.maxnreg:
-                cfg["maxnreg"] = spec.maxnreg
-            yield cfg, dict(spec.signature), dict(spec.constexprs), int(spec.num_warps), _divisible(spec)
+            yield _spec_build((getattr(spec, "plain_fallback", None) if plain else None) or spec)
         return
     # the installed text's variant adds its constexprs (parameters the base signature may lack) and
     # its own configs; an unlisted digest compiles as the entry says
@@ -158,6 +158,15 @@ def check_builds(kernel: ResolvedKernel) -> Iterator[tuple[dict[str, Any], dict[
         cx = dict(base)
         cx.update({k: v for k, v in cfg.items() if k != "num_warps"})
         yield dict(cfg), dict(sig), cx, int(cfg["num_warps"]), [n for n, t in sig.items() if t.startswith("*")]
+
+
+def _spec_build(spec: Any) -> Build:
+    """A pinned spec's build, with the launcher's stages and register cap (so the plain build is
+    the product's fallback)."""
+    cfg = {"spec": spec.name, "num_warps": spec.num_warps, "num_stages": spec.num_stages}
+    if spec.maxnreg:
+        cfg["maxnreg"] = spec.maxnreg
+    return cfg, dict(spec.signature), dict(spec.constexprs), int(spec.num_warps), _divisible(spec)
 
 
 def _divisible(spec: Any) -> list[str]:
@@ -188,11 +197,13 @@ def check_kernel(kernel: ResolvedKernel) -> list[CheckRow]:
     from ..policy.turbo import SM75_SHARED_LIMIT, judge_turbo_build
 
     rows = []
-    for cfg, sig, cx, warps, divisible in check_builds(kernel):
+    pairs = zip(check_builds(kernel), check_builds(kernel, plain=True))
+    for (cfg, sig, cx, warps, divisible), (pcfg, psig, pcx, pwarps, pdivisible) in pairs:
         attrs = divisibility_attrs(kernel.fn, divisible)
-        plain = compile_for_sm75(kernel.fn, sig, cx, num_warps=warps, turbo=False, attrs=attrs,
-                                 num_stages=cfg.get("num_stages", 2), maxnreg=cfg.get("maxnreg"))
-        rows.append(CheckRow(kernel.entry.name, "plain", cfg, **plain.summary_numbers(),
+        plain = compile_for_sm75(kernel.fn, psig, pcx, num_warps=pwarps, turbo=False,
+                                 attrs=divisibility_attrs(kernel.fn, pdivisible),
+                                 num_stages=pcfg.get("num_stages", 2), maxnreg=pcfg.get("maxnreg"))
+        rows.append(CheckRow(kernel.entry.name, "plain", pcfg, **plain.summary_numbers(),
                              ok=plain.shared_bytes <= SM75_SHARED_LIMIT,
                              problems=[] if plain.shared_bytes <= SM75_SHARED_LIMIT else
                              [f"shared memory {plain.shared_bytes} > {SM75_SHARED_LIMIT}"]))

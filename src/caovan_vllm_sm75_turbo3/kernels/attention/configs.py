@@ -2,10 +2,12 @@
 
 Two shapes per pair, picked on the host from `max_seqlen_q` alone (no autotuning, no device read):
 `decode` for calls whose longest query fits its BLOCK_Q (decode, speculative verify), `prefill`
-otherwise. BLOCK_M is the mma's M: the query rows of a program are (token, GQA head) pairs of one
-KV head, so a decode step still fills M >= 16 with the query heads sharing that KV head. Every
-entry is checked to build for sm_75 with the Turbo rewrite in <= 64 KiB of shared memory and
-without spills (tests/test_kernels_attention_fit.py).
+otherwise; a third, `PREFILL_PLAIN`, is the launcher's fallback when the prefill build came out
+without the Turbo rewrite and cannot launch on Turing. BLOCK_M is the mma's M: the query rows of
+a program are (token, GQA head) pairs of one KV head, so a decode step still fills M >= 16 with
+the query heads sharing that KV head. Every decode and prefill entry is checked to build for sm_75
+with the Turbo rewrite in <= 64 KiB of shared memory and without spills, and every plain fallback
+to fit in <= 64 KiB (tests/test_kernels_attention_fit.py).
 """
 
 from __future__ import annotations
@@ -61,17 +63,28 @@ PREFILL: dict[tuple[int, str], AttentionConfig] = {
     (d, f): AttentionConfig(block_m=64, tile_n=64 if d == 128 else 32, num_warps=8, kind="prefill")
     for d in HEAD_DIMS for f in KV_FORMATS
 }
+# Prefill when the build comes out plain (no Turbo hook, or its build fell back): Triton's own sm_75
+# code keeps the tiles in shared memory, and the head-dim-256 prefill tile above then needs 98,304
+# bytes, more than Turing's 65,536, so it would fail to launch. Plain sm_75 builds (Triton 3.6,
+# 2026-12-05, one stage): 64 x 32 x 8 warps 98,304 B; 32 x 32 x 4 65,536 B, 17 KB spilled;
+# 32 x 16 x 4 49,152 B, 2.0-2.6 KB spilled. Slow, never broken. Head dim 128's prefill tile builds
+# plain in 65,536 B and stays.
+PREFILL_PLAIN: dict[tuple[int, str], AttentionConfig] = {
+    (d, f): PREFILL[(d, f)] if d == 128 else AttentionConfig(block_m=32, tile_n=16, num_warps=4, kind="prefill")
+    for d in HEAD_DIMS for f in KV_FORMATS
+}
 
 
-def select(head_dim: int, kv_format: str, group: int, max_seqlen_q: int) -> AttentionConfig:
-    """The pinned config for a call: decode when every query fits one program's rows, else prefill.
+def select(head_dim: int, kv_format: str, group: int, max_seqlen_q: int, plain: bool = False) -> AttentionConfig:
+    """The pinned config for a call: decode when every query fits one program's rows, else prefill
+    (`PREFILL_PLAIN` for a build without the Turbo rewrite).
 
     `group` is the GQA ratio (query heads per KV head); BLOCK_M grows to a power of two >= group.
     """
-    for table in (DECODE, PREFILL):
+    for table in (DECODE, PREFILL_PLAIN if plain else PREFILL):
         cfg = table[(head_dim, kv_format)]
         block_m = max(cfg.block_m, _pow2(group))
-        if max_seqlen_q <= block_m // group or table is PREFILL:
+        if max_seqlen_q <= block_m // group or table is not DECODE:
             return replace(cfg, block_m=block_m)
     raise AssertionError("unreachable")
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 import triton
+from triton.runtime.errors import OutOfResources
 
 from .configs import FORMAT_CODE, MAX_SPLITS, MIN_KEYS_PER_SPLIT, TARGET_PROGRAMS_PER_SM, AttentionConfig, select
 from .inputs import AttentionShapes, check_inputs, check_vllm_extras
@@ -99,14 +100,29 @@ def unified_attention(
                      q_descale, k_descale, v_descale, kv_cache_dtype)
     if s.tokens == 0 or s.num_seqs == 0:
         return out
-    call = plan_call(q, k, v, out, cu_seqlens_q, seqused_k, block_table, k_descale, v_descale, s, max_seqlen_q,
-                     max_seqlen_k, float(softmax_scale), float(softcap), num_splits)
-    _attn_kernel[call.grid](*call.args.values(), **call.constexprs, num_warps=call.config.num_warps, num_stages=1,
-                            maxnreg=call.config.maxnreg)
+    plan = (q, k, v, out, cu_seqlens_q, seqused_k, block_table, k_descale, v_descale, s, max_seqlen_q, max_seqlen_k,
+            float(softmax_scale), float(softcap), num_splits)
+    call = plan_call(*plan)
+    try:
+        _launch(call)
+    except OutOfResources:
+        # The build came out plain (no Turbo hook in this process, or its build fell back): Triton's
+        # own sm_75 code needs more shared memory for this tile than Turing has. The plain config
+        # fits; it is slower. Costs a raised exception per such call, before any GPU work.
+        plain = plan_call(*plan, plain=True)
+        if plain.config == call.config:
+            raise
+        call = plain
+        _launch(call)
     if call.merge_grid is not None:
         _merge_kernel[call.merge_grid](*call.merge_args.values(), NUM_SPLITS=call.num_splits, HEAD_DIM=s.head_dim,
                                        num_warps=4)
     return out
+
+
+def _launch(call: AttentionCall) -> None:
+    _attn_kernel[call.grid](*call.args.values(), **call.constexprs, num_warps=call.config.num_warps, num_stages=1,
+                            maxnreg=call.config.maxnreg)
 
 
 @dataclass
@@ -129,9 +145,11 @@ class AttentionCall:
 def plan_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, cu_q: torch.Tensor,
               seqused_k: torch.Tensor, block_table: torch.Tensor, k_descale: torch.Tensor | None,
               v_descale: torch.Tensor | None, s: AttentionShapes, max_seqlen_q: int, max_seqlen_k: int,
-              softmax_scale: float, softcap: float, num_splits: int | None = None) -> AttentionCall:
-    """The pinned config, the split count (planned unless given), grids and arguments; allocates partials."""
-    cfg = select(s.head_dim, s.kv_format, s.group, max_seqlen_q)
+              softmax_scale: float, softcap: float, num_splits: int | None = None,
+              plain: bool = False) -> AttentionCall:
+    """The pinned config (`plain`: the one for a build without the Turbo rewrite), the split count
+    (planned unless given), grids and arguments; allocates partials."""
+    cfg = select(s.head_dim, s.kv_format, s.group, max_seqlen_q, plain=plain)
     block_q = cfg.block_m // s.group
     grid_q = s.tokens // block_q + s.num_seqs  # an upper bound on the query blocks (no host sync)
     if num_splits is None:

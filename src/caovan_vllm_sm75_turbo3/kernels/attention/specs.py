@@ -13,7 +13,7 @@ from typing import Any
 
 from ..turbo.compile import jit_function
 from ..turbo.spec import KernelSpec
-from .configs import DECODE, FORMAT_CODE, HEAD_DIMS, PREFILL
+from .configs import DECODE, FORMAT_CODE, HEAD_DIMS, PREFILL, PREFILL_PLAIN
 from .triton_kernels import _attn_kernel, _merge_kernel
 
 # Qwen3.6-27B at tensor parallel 2: 12 query heads on 2 KV heads per GPU. G only sets index
@@ -24,9 +24,10 @@ _STRIDES = ("sq_tok", "sq_head", "so_tok", "so_head", "sk_blk", "sk_off", "sk_he
             "ks_seq", "ks_head", "vs_seq", "vs_head")
 
 
-def attention_spec(head_dim: int, kv_format: str, *, decode: bool, num_splits: int) -> KernelSpec:
-    """The attention kernel at a pinned config, with vLLM's fp8 per-tensor scales for fp8 caches."""
-    cfg = (DECODE if decode else PREFILL)[(head_dim, kv_format)]
+def attention_spec(head_dim: int, kv_format: str, *, decode: bool, num_splits: int, plain: bool = False) -> KernelSpec:
+    """The attention kernel at a pinned config, with vLLM's fp8 per-tensor scales for fp8 caches;
+    a prefill spec names the plain fallback the launcher uses where its build came out plain."""
+    cfg = (DECODE if decode else PREFILL_PLAIN if plain else PREFILL)[(head_dim, kv_format)]
     kv = "*fp16" if kv_format == "fp16" else "*u8"
     fp8 = kv_format != "fp16"
     split = num_splits > 1
@@ -42,8 +43,12 @@ def attention_spec(head_dim: int, kv_format: str, *, decode: bool, num_splits: i
            "V_SCALED": fp8, "USE_SOFTCAP": False, "USE_WINDOW": False}
     sig |= {n: "constexpr" for n in cx}
     divisible = tuple(n for n, t in sig.items() if t.startswith("*")) + _STRIDES
-    name = f"attn_d{head_dim}_{kv_format}_{'decode' if decode else 'prefill'}_s{num_splits}"
-    return KernelSpec(name, jit_function(_attn_kernel), sig, cx, cfg.num_warps, divisible, maxnreg=cfg.maxnreg)
+    name = f"attn_d{head_dim}_{kv_format}_{'decode' if decode else 'prefill'}{'_plain' if plain else ''}_s{num_splits}"
+    fallback = None
+    if not decode and not plain and PREFILL_PLAIN[(head_dim, kv_format)] != cfg:
+        fallback = attention_spec(head_dim, kv_format, decode=False, num_splits=num_splits, plain=True)
+    return KernelSpec(name, jit_function(_attn_kernel), sig, cx, cfg.num_warps, divisible, maxnreg=cfg.maxnreg,
+                      plain_fallback=fallback)
 
 
 def merge_spec(head_dim: int, num_splits: int = SPEC_SPLITS) -> KernelSpec:
@@ -60,6 +65,11 @@ def pinned_specs() -> list[KernelSpec]:
     """Every pinned attention config: decode with splits and prefill in one pass, per (head dim, format)."""
     return [attention_spec(d, f, decode=decode, num_splits=SPEC_SPLITS if decode else 1)
             for (d, f) in DECODE for decode in (True, False)]
+
+
+def plain_fallback_specs() -> list[KernelSpec]:
+    """The plain prefill fallbacks of the pinned specs (those that differ from their spec)."""
+    return [s.plain_fallback for s in pinned_specs() if s.plain_fallback is not None]
 
 
 def merge_specs() -> list[KernelSpec]:

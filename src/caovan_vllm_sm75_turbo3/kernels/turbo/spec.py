@@ -24,6 +24,9 @@ class KernelSpec:
     divisible: tuple[str, ...] | None = None
     maxnreg: int | None = None
     num_stages: int = 1   # our launchers pass one stage (cp.async, which more stages use, is sm_80-only)
+    # What the launcher runs instead when this build comes out plain and cannot launch on Turing
+    # (None: this same spec, plain). The check's plain row compiles that one.
+    plain_fallback: KernelSpec | None = None
 
     @property
     def args(self) -> list[str]:
