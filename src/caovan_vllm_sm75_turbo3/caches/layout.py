@@ -42,6 +42,7 @@ IN_USE_LOCK = ".in-use.lock"
 IN_USE_DIR = "in-use"
 MANIFEST_SCHEMA = 1
 LOCK_TIMEOUT_S = 30.0
+PREPARE_ATTEMPTS = 3   # a key directory removed under us (a racing clean) is made again this often
 _MANIFEST_MAX_BYTES = 1 << 20
 
 
@@ -209,29 +210,60 @@ def prepare(keydir: KeyDir, now: datetime | None = None) -> PrepareResult:
     """
     now = now or datetime.now(timezone.utc)
     path = keydir.path
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        was_empty = is_empty(keydir)
-        for d in keydir.env_dirs().values():
-            d.mkdir(exist_ok=True)
-        _require_regular(path / MANIFEST_LOCK)
-        _require_regular(keydir.manifest_path)
-        with FileLock(str(path / MANIFEST_LOCK), timeout=LOCK_TIMEOUT_S):
-            old = read_manifest(path)
-            created = old is None
-            first = old.get("created") if old else None
-            _write_json_atomic(keydir.manifest_path, {
-                "schema": MANIFEST_SCHEMA, "key": keydir.key.name, "components": keydir.key.components,
-                "created": first if isinstance(first, str) else _iso(now), "last_used": _iso(now),
-                "plugin_version": __version__})
-    except Timeout:
-        raise CaovanError(f"the cache manifest lock {path / MANIFEST_LOCK} was not free within "
-                          f"{LOCK_TIMEOUT_S:.0f} s; another caovan process is stuck holding it") from None
-    except OSError as err:
-        raise CaovanError(f"cannot prepare the JIT cache directory {path}: {err.strerror or err}. "
-                          "Set CAOVAN_CACHE_DIR (or --cache-dir) to a writable directory.") from None
+    for attempt in range(1, PREPARE_ATTEMPTS + 1):
+        try:
+            created, was_empty = _prepare_once(keydir, now)
+            break
+        except Timeout:
+            raise CaovanError(f"the cache manifest lock {path / MANIFEST_LOCK} was not free within "
+                              f"{LOCK_TIMEOUT_S:.0f} s; another caovan process is stuck holding it") from None
+        except (FileNotFoundError, FileExistsError, NotADirectoryError) as err:
+            blocked = _file_in_the_way(path)
+            if blocked is not None:
+                raise CaovanError(f"cannot prepare the JIT cache directory {path}: {blocked} is a file, not a "
+                                  "directory. Set CAOVAN_CACHE_DIR (or --cache-dir) to a writable directory.") from None
+            # A directory vanished or appeared between two of our steps: something removed it meanwhile
+            # (`caovan-sm75-cache clean --all` racing this launch). Start over; say so if it keeps on.
+            if attempt == PREPARE_ATTEMPTS:
+                raise CaovanError(f"the JIT cache directory {path} kept changing while it was being prepared "
+                                  f"({err.strerror or err}: {err.filename}); is `caovan-sm75-cache clean` running at "
+                                  f"the same time? Start again once it has finished.") from None
+        except OSError as err:
+            raise CaovanError(f"cannot prepare the JIT cache directory {path}: {err.strerror or err}. "
+                              "Set CAOVAN_CACHE_DIR (or --cache-dir) to a writable directory.") from None
     other = [k for k in existing_keys(keydir.root) if k != keydir.key.name]
     return PrepareResult(created=created, was_empty=was_empty, other_keys=other)
+
+
+def _file_in_the_way(path: Path) -> Path | None:
+    """The first of `path` and its parents that exists and is not a directory (one stat each, so a
+    directory removed meanwhile reads as absent, never as a file)."""
+    for q in (path, *path.parents):
+        try:
+            if not stat.S_ISDIR(os.stat(q).st_mode):
+                return q
+        except OSError:
+            continue
+    return None
+
+
+def _prepare_once(keydir: KeyDir, now: datetime) -> tuple[bool, bool]:
+    """One pass of `prepare`: (manifest created, directory was empty)."""
+    path = keydir.path
+    path.mkdir(parents=True, exist_ok=True)
+    was_empty = is_empty(keydir)
+    for d in keydir.env_dirs().values():
+        d.mkdir(exist_ok=True)
+    _require_regular(path / MANIFEST_LOCK)
+    _require_regular(keydir.manifest_path)
+    with FileLock(str(path / MANIFEST_LOCK), timeout=LOCK_TIMEOUT_S):
+        old = read_manifest(path)
+        first = old.get("created") if old else None
+        _write_json_atomic(keydir.manifest_path, {
+            "schema": MANIFEST_SCHEMA, "key": keydir.key.name, "components": keydir.key.components,
+            "created": first if isinstance(first, str) else _iso(now), "last_used": _iso(now),
+            "plugin_version": __version__})
+    return old is None, was_empty
 
 
 _KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),

@@ -94,16 +94,16 @@ def too_broad(resolved: Path, home: Path) -> str | None:
 def home_cache_folders(env: Mapping[str, str], own_root: Path) -> tuple[Path, ...]:
     """The user's home cache folders, resolved: what `clean` empties without asking again.
 
-    ${XDG_CACHE_HOME:-~/.cache}, ~/.cache, ~/.nv, ~/.triton (or $TRITON_HOME/.triton), torch
-    inductor's per-user folder in the temp directory, and our own cache root. A shared default
-    whose real path (every symlink resolved) lies outside all of them needs a second yes.
+    ${XDG_CACHE_HOME:-~/.cache}, ~/.cache, ~/.nv, ~/.triton (or $TRITON_HOME/.triton) and our own
+    cache root. A shared default whose real path (every symlink resolved) lies outside all of them
+    needs a second yes: one reached through a symlink, and torch inductor's per-user folder in the
+    temp directory ($TMPDIR/torchinductor_$USER), which every HOME of the user shares.
     A folder that resolves to something too broad (a link to $HOME or /) is left out.
     """
     home = Path(os.path.realpath(home_dir(env)))
-    inductor = next(c for c in CACHE_VARIABLES if c.variable == "TORCHINDUCTOR_CACHE_DIR").default(env)
     triton_home = Path(env.get("TRITON_HOME") or home_dir(env))
     candidates = (xdg_cache_dir(env), home_dir(env) / ".cache", home_dir(env) / ".nv", triton_home / ".triton",
-                  inductor, own_root)
+                  own_root)
     out: list[Path] = []
     for c in candidates:
         resolved = Path(os.path.realpath(c))

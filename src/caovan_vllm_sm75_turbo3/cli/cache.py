@@ -23,6 +23,7 @@ from .common import OneLineParser, print_json, run_cli
 
 PROG = "caovan-sm75-cache"
 OUTSIDE_FLAG = "--yes-outside-home-cache"
+OUTSIDE_WHY = "a symlink points there, or it is the temp directory's per-user folder, which every HOME of yours shares"
 OUTSIDE_WAIT_S = 120.0  # the second question on a terminal: no answer in time is no
 
 
@@ -179,10 +180,10 @@ def _choose(args: argparse.Namespace, plan: Plan) -> tuple[list[Target], list[st
             chosen += shared
         else:
             declined.append("shared")
-    if outside:  # --yes does not cover these: a symlink took them out of the home cache folders
+    if outside:  # --yes does not cover these: a symlink took them out of the home cache folders, or the temp dir
         where = ", ".join(_s(t.real_path) for t in outside)
         if args.yes_outside or (_is_tty() and _confirm(
-                f"Really empty {where}? It lies outside your home cache folders (a symlink points there)",
+                f"Really empty {where}? It lies outside your home cache folders ({OUTSIDE_WHY})",
                 timeout_s=OUTSIDE_WAIT_S)):
             chosen += outside
         else:
@@ -259,8 +260,8 @@ def _print_outcome(out: Outcome, declined: list[str], outside: list[Target]) -> 
         if group != "outside":
             print(f"declined: nothing of {group} removed")
     for t in outside if "outside" in declined else []:
-        print(_s(f"declined: {t.entry.path} -> {t.real_path} lies outside your home cache folders; "
-                 f"left alone (pass {OUTSIDE_FLAG}, or answer yes on a terminal)"))
+        print(_s(f"declined: {t.entry.path} -> {t.real_path} lies outside your home cache folders "
+                 f"({OUTSIDE_WHY}); left alone (pass {OUTSIDE_FLAG}, or answer yes on a terminal)"))
     print(f"{out.files_removed} files, {_size(out.bytes_removed)} removed"
           + ("" if out.ok else "; some entries were NOT removed (see above)"))
 
