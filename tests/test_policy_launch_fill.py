@@ -301,7 +301,9 @@ def test_mtp_with_prefix_caching_on_a_hybrid_model_names_the_upstream_bugs_per_r
         facts.write_text(_json.dumps(data))
         plan = plan_launch({"CAOVAN_FACTS": str(facts)}, read_vllm_args([model, *argv]), write=False,
                            fill_args=True).plan
-        return [w.split(" ")[2] for w in plan.warnings if w.startswith("upstream bug ")]
+        lines = [w for w in plan.warnings if w.startswith("upstream bug ")]
+        assert all("In the source: " in w and "Sources: vLLM #" in w for w in lines)
+        return [w.split(" ")[2] for w in lines]
 
     assert bugs("0.21.0", "3.6.0") == ["mtp-prefix-cache-wrong-output"]
     assert bugs("0.27.0", "3.7.1") == ["mtp-prefix-cache-wrong-output", "mtp-prefix-cache-lost-hits"]

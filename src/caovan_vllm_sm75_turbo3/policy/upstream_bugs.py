@@ -11,13 +11,27 @@ from ..versions import minor_key
 
 
 @dataclass(frozen=True)
+class SourceMarker:
+    """A code line whose presence in vLLM's `file` marks a change the bug's reading rests on."""
+
+    file: str
+    text: str
+    present_from: str      # the first release (major.minor) whose source has it
+
+    def expected_in(self, version: str) -> bool:
+        return minor_key(version) >= minor_key(self.present_from)
+
+
+@dataclass(frozen=True)
 class UpstreamBug:
-    """One bug: the launch it needs (`when`), the releases it was reported on, its public sources."""
+    """One bug: the launch it needs (`when`), the releases it was reported on, what the releases'
+    source shows, its public sources."""
 
     id: str
     when: dict[str, bool]
     reported: str          # "0.21-0.28": releases (major.minor) where users reported it
-    source_read: bool      # whether those releases' source was read to confirm it
+    in_source: str         # what we read in each release's source
+    markers: tuple[SourceMarker, ...]
     effect: str
     sources: tuple[str, ...]
     check: str
@@ -34,16 +48,17 @@ class UpstreamBug:
 
     def warning(self, version: str | None) -> str:
         """The plan's line: what goes wrong, where it was seen, how to check this server."""
-        read = "" if self.source_read else ", not confirmed in its source by us"
-        return (f"upstream bug {self.id} (reported on vLLM {self.reported}{read}; this is vLLM {version}): "
-                f"{self.effect}. Sources: {'; '.join(self.sources)}. Check: {self.check}")
+        return (f"upstream bug {self.id} (reported on vLLM {self.reported}; this is vLLM {version}): "
+                f"{self.effect}. In the source: {self.in_source}. Sources: {'; '.join(self.sources)}. "
+                f"Check: {self.check}")
 
 
 def load_bugs() -> tuple[UpstreamBug, ...]:
     """The table shipped with the package."""
     data = json.loads(resources.files("caovan_vllm_sm75_turbo3").joinpath("data", "upstream_bugs.json").read_text())
-    return tuple(UpstreamBug(b["id"], dict(b["when"]), b["reported"], bool(b["source_read"]), b["effect"],
-                             tuple(b["sources"]), b["check"]) for b in data["bugs"])
+    return tuple(UpstreamBug(b["id"], dict(b["when"]), b["reported"], b["in_source"],
+                             tuple(SourceMarker(**m) for m in b["markers"]), b["effect"], tuple(b["sources"]),
+                             b["check"]) for b in data["bugs"])
 
 
 def bugs_for(version: str | None, **launch: bool) -> list[UpstreamBug]:
