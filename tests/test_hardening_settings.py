@@ -45,6 +45,16 @@ def test_any_additional_config_text_is_a_plan_or_one_error_line(tmp_path_factory
     assert_clean(r)
 
 
+@pytest.mark.parametrize("flag", ["--version", "--help", "-h", "--json"])
+@pytest.mark.parametrize("dotted", [False, True])
+def test_our_flag_where_the_additional_config_value_belongs_is_that_value(tmp_path, flag, dotted):
+    """Found by the property test above: `--additional-config --version` printed our version and exited
+    0 in the middle of a launch's arguments; the token is the option's value, refused in one line."""
+    r = _serve(tmp_path, *(["--additional-config.caovan_mode", flag] if dotted else ["--additional-config", flag]))
+    assert_clean(r)
+    assert r.code == 2 and "--additional-config" in r.err and "caovan-vllm-serve 0." not in r.out
+
+
 @FAST
 @given(var=st.sampled_from([s.env_var for s in specs()]), value=st.text(max_size=60).filter(lambda v: "\x00" not in v))
 def test_any_environment_value_is_a_report_or_one_error_line(var, value):

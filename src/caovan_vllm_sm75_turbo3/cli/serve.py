@@ -75,7 +75,11 @@ def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
         name = canonical(name) if name.startswith("--") else name
         if name in BOOL_FLAGS and eq:   # `--dry-run=true` must never reach vLLM and start a real launch
             raise CaovanError(f"{name} takes no value (got {token!r}): give {name} alone")
-        if name in BOOL_FLAGS:
+        if name in BOOL_FLAGS and _awaits_value(argv[i - 1] if i else ""):
+            # `--additional-config --version`: the token is that option's value (where our settings
+            # live), which its reader then refuses in one line; never our action run mid-argv.
+            theirs.append(token)
+        elif name in BOOL_FLAGS:
             ours.append(name)
         elif name in VALUE_FLAGS:
             if eq:
@@ -89,6 +93,11 @@ def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
             theirs.append(token)
         i += 1
     return ours, theirs
+
+
+def _awaits_value(previous: str) -> bool:
+    """Whether `previous` is vLLM's --additional-config (or a dotted key of it) still without its value."""
+    return previous.startswith("--additional-config") and "=" not in previous
 
 
 def find_vllm() -> str:
