@@ -27,7 +27,7 @@ from typing import BinaryIO
 
 from ..errors import CaovanError
 
-CHUNK_BYTES = 64 * 1024
+CHUNK_BYTES = 32 * 1024   # split whole at once: the list of its lines is what the reader holds
 # A line longer than this keeps its start and its end (KEEP_BYTES each): a log line that long is a
 # dumped tensor or a pasted binary; what a signature needs is at its start or its end.
 MAX_LINE_BYTES = 8 * 1024
@@ -91,36 +91,41 @@ def _pieces(stream: BinaryIO) -> Iterator[tuple[int, bytes]]:
     """(line number, bytes) for each line, each at most MAX_LINE_BYTES; `\r` splits a line too
     (tqdm progress bars, and vLLM's multi-line messages end their lines with `\r\n`). An over-long
     line keeps its first and last KEEP_BYTES with ` ... ` between: an error at the end of a long
-    prefix (a dumped tensor, a long config) is still read."""
+    prefix (a dumped tensor, a long config) is still read. Whole chunks are split at once (what
+    keeps this fast); only a line longer than MAX_LINE_BYTES is carried across chunks, capped."""
     number = 0
-    pending = bytearray()
-    tail = bytearray()   # the last KEEP_BYTES of an over-long line's dropped part
-    dropping = False     # past the head of an over-long line, until its newline
+    rest = b""          # the unfinished last line of the chunks so far (at most MAX_LINE_BYTES)
+    head: bytes | None = None   # an over-long line's first KEEP_BYTES, while its end is awaited
+    tail = b""          # and its last KEEP_BYTES so far
     while chunk := stream.read(CHUNK_BYTES):
-        start = 0
-        while start < len(chunk):
-            nl = chunk.find(b"\n", start)
-            end = len(chunk) if nl < 0 else nl
-            if not dropping:
-                room = KEEP_BYTES - len(pending)
-                pending += chunk[start:start + min(room, end - start)]
-                if end - start > room:
-                    dropping = True
-                    tail += chunk[start + room:end][-KEEP_BYTES:]
-            else:
-                tail += chunk[start:end][-KEEP_BYTES:]
-                del tail[:-KEEP_BYTES]
+        if head is not None:   # inside an over-long line: look for its end
+            nl = chunk.find(b"\n")
             if nl < 0:
-                break
+                tail = (tail + chunk)[-KEEP_BYTES:]
+                continue
             number += 1
-            yield from _split(number, bytes(pending) + (b" ... " + bytes(tail) if dropping else b""))
-            pending.clear()
-            tail.clear()
-            dropping = False
-            start = nl + 1
-    if pending:
+            yield from _split(number, head + b" ... " + (tail + chunk[:nl])[-KEEP_BYTES:])
+            head, tail, chunk = None, b"", chunk[nl + 1:]
+        lines = chunk.split(b"\n")
+        chunk = b""   # the lines hold its bytes now: not twice
+        lines[0] = rest + lines[0]
+        rest = lines.pop()
+        for line in lines:
+            number += 1
+            if len(line) > MAX_LINE_BYTES:
+                line = line[:KEEP_BYTES] + b" ... " + line[-KEEP_BYTES:]
+            if b"\r" in line:
+                yield from _split(number, line)
+            elif line.strip():
+                yield number, line
+        if len(rest) > MAX_LINE_BYTES:
+            head, tail, rest = rest[:KEEP_BYTES], rest[-KEEP_BYTES:], b""
+    if head is not None:
         number += 1
-        yield from _split(number, bytes(pending) + (b" ... " + bytes(tail) if dropping else b""))
+        yield from _split(number, head + b" ... " + tail)
+    elif rest:
+        number += 1
+        yield from _split(number, rest)
 
 
 def _split(number: int, line: bytes) -> Iterator[tuple[int, bytes]]:

@@ -46,6 +46,8 @@ FATAL_SIGNAL = re.compile(r"Fatal Python error|Segmentation fault|\bSIG(?:SEGV|A
 # Every needle with its signature's position: one pass of `in` over these picks the candidates,
 # which is what keeps a 20 MB log at seconds.
 _NEEDLES: tuple[tuple[str, int], ...] = tuple((n, i) for i, sig in enumerate(SIGNATURES) for n in sig.needles)
+# Cheap words one of which every FATAL_SIGNAL match holds: the regex runs only where one is there.
+_FATAL_HINTS = ("Fatal", "fault", "SIG", "dumped", "signal")
 
 # Start-up phases, from vLLM 0.21's and 0.34's progress messages (later matches win).
 PHASE_MARKERS: tuple[tuple[str, str], ...] = (
@@ -59,6 +61,13 @@ PHASE_MARKERS: tuple[tuple[str, str], ...] = (
     ("init engine (profile, create kv cache, warmup model) took", "serving"),
     ("Application startup complete", "serving"),
 )
+# Every word whose presence makes `feed` do more than count a line (feed_block's fast path rests on
+# this list: a word `feed` reacts to and missing here would go unseen). Levels are checked apart.
+_TRIGGERS: tuple[str, ...] = tuple(dict.fromkeys((
+    *(n for n, _ in _NEEDLES), *(m for m, _ in PHASE_MARKERS), "Caovan", "version", "Traceback",
+    "rror", "ailed", "FAILED", *_FATAL_HINTS, "HTTP/", *SHUTDOWN_MARKERS, "Application startup complete",
+    "init engine (profile, create kv cache, warmup model) took")))
+_LOUD_LEVELS = ("WARNING", "ERROR", "CRITICAL")
 # Traceback frames that pin the phase of a failure more exactly than the last progress message.
 PHASE_FRAMES: dict[str, str] = {
     "load_model": "load", "load_weights": "load",
@@ -236,12 +245,28 @@ class _Reader:
 
     # -- one line -------------------------------------------------------------------------------
     def feed_block(self, block: list[LogLine]) -> None:
-        """Feed lines in order; the needles are looked for once in the whole block, then only those
-        found there in each line (most lines hold none: this is what keeps the reader fast)."""
+        """Feed lines in order. The words that can make a line matter (_TRIGGERS: the needles and
+        every marker `feed` reacts to) are looked for once in the whole block, then only those found
+        there in each line. While no traceback, banner or deferred finding is open, a line holding
+        none of them (a metric line, most start-up lines) only counts, and one whose only such word
+        is `HTTP/` only counts its status: most lines never take the full path, which is what
+        keeps the reader fast."""
         text = "\n".join(ln.text for ln in block)
-        self.needles = tuple((n, i) for n, i in _NEEDLES if n in text)
+        present = tuple(t for t in _TRIGGERS if t in text)
+        found = set(present)
+        self.needles = tuple((n, i) for n, i in _NEEDLES if n in found)
         for ln in block:
-            self.feed(ln)
+            if self.pending or self.in_banner or self.tracebacks or ln.level in _LOUD_LEVELS:
+                self.feed(ln)
+                continue
+            hits = [t for t in present if t in ln.text]
+            if not hits or hits == ["HTTP/"]:
+                self.lines = ln.number
+                if hits:
+                    self._track_http(ln)
+                self.recent.append(ln.text)
+            else:
+                self.feed(ln)
 
     def feed(self, ln: LogLine) -> None:
         self.lines = ln.number
@@ -265,7 +290,8 @@ class _Reader:
             elif not matched:
                 self._note_unknown_exception(ln, tb_phase)
         elif not matched and self.first_alarm is None and not own_state and (
-                ln.level == "CRITICAL" or text.startswith("AssertionError") or FATAL_SIGNAL.search(text)):
+                ln.level == "CRITICAL" or text.startswith("AssertionError")
+                or (any(h in text for h in _FATAL_HINTS) and FATAL_SIGNAL.search(text))):
             self.first_alarm = (ln, tb_phase or self.phase or "")
         self._track_http(ln)
         if self.shutdown_line is None and self.ready_line is not None and any(m in text for m in SHUTDOWN_MARKERS):
