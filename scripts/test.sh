@@ -58,9 +58,9 @@ print(" ".join(sorted({r["triton"] for r in rel.values()} - {rel["0.21.0"]["trit
     # The compile tests run in this process: nothing here has run Triton's interpreter.
     CAOVAN_TURBO_TEST_CHILD=1 "$VENV/bin/python" -m pytest -q -p no:cacheprovider -rs \
       tests/test_kernels_turbo_protocol.py tests/test_kernels_turbo_hook.py tests/test_kernels_turbo_compile.py \
-      tests/test_fla_releases.py tests/test_kernels_attention_fit.py "$@"   # our attention kernel's turbo builds (its check also judges
-    # the plain fallback, which does not fit Turing for the d256 prefill: docs/attention.md, known limits)
-    "$VENV/bin/caovan-sm75-kernels" check --kernel _prep_kernel --kernel _state_kernel
+      tests/test_fla_releases.py tests/test_kernels_attention_fit.py "$@"   # our attention kernel's turbo builds
+    # and plain fallbacks (PREFILL_PLAIN: what runs where a prefill build comes out plain) fit Turing here too
+    "$VENV/bin/caovan-sm75-kernels" check --kernel _prep_kernel --kernel _state_kernel --kernel _attn_kernel
   done
   exit 0
 fi
