@@ -163,17 +163,22 @@ def timed(llm: Any, prompts: list[list[int]], params: Any) -> tuple[float, list[
     return time.perf_counter() - t0, outs
 
 
+def one_and_many() -> tuple[Any, Any]:
+    """Greedy sampling of 1 token (a prefill's time) and of DECODE_TOKENS + 1 (that plus decode)."""
+    from vllm import SamplingParams
+
+    return (SamplingParams(temperature=0.0, max_tokens=1, detokenize=False),
+            SamplingParams(temperature=0.0, max_tokens=DECODE_TOKENS + 1, ignore_eos=True, detokenize=False))
+
+
 def speed(llm: Any, rng: random.Random, ids: tuple[int, int]) -> dict[str, Any]:
     """Prefill tok/s for each SPEED_PREFILL length (fresh prompts: no cache hit; best of 2) and
     single-stream decode tok/s (the time of DECODE_TOKENS+1 tokens less that of 1, same length)."""
-    from vllm import SamplingParams
-
-    one = SamplingParams(temperature=0.0, max_tokens=1, detokenize=False)
+    one, many = one_and_many()
     rows: dict[str, Any] = {}
     for n in SPEED_PREFILL:
         times = [timed(llm, [random_prompt(rng, n, ids)], one)[0] for _ in range(2)]
         rows[f"prefill_{n}"] = {"seconds": times, "tok_s": n / min(times)}
-    many = SamplingParams(temperature=0.0, max_tokens=DECODE_TOKENS + 1, ignore_eos=True, detokenize=False)
     t1 = min(timed(llm, [random_prompt(rng, 1024, ids)], one)[0] for _ in range(2))
     tn = min(timed(llm, [random_prompt(rng, 1024, ids)], many)[0] for _ in range(2))
     rows["decode_1024"] = {"seconds_first": t1, "seconds_all": tn, "tok_s": DECODE_TOKENS / (tn - t1)}
@@ -185,10 +190,7 @@ def long_context(llm: Any, rng: random.Random, ids: tuple[int, int], n: int, chu
 
     The first n - chunk tokens are prefilled once; the whole prompt then hits the prefix cache for
     them, so its time is that of the last chunk alone, attending to all that came before."""
-    from vllm import SamplingParams
-
-    one = SamplingParams(temperature=0.0, max_tokens=1, detokenize=False)
-    many = SamplingParams(temperature=0.0, max_tokens=DECODE_TOKENS + 1, ignore_eos=True, detokenize=False)
+    one, many = one_and_many()
     prompt = random_prompt(rng, n, ids)
     t_head, _ = timed(llm, [prompt[:n - chunk]], one)
     t_last, outs = timed(llm, [prompt], one)
