@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import unicodedata
 from pathlib import Path
@@ -94,6 +95,38 @@ def test_doctor_log_never_prints_a_secret_or_a_control(tmp_path):
         out = r.stdout + r.stderr
         assert r.returncode == 2 and HF not in out and "p4ssw0rd" not in out and "sk-abcdef123456" not in out
         assert "\u202e" not in out
+
+
+SECRET_TEXTS = [(HF, "downloading with {}"), ("p4ssw0rd", "from https://u:{}@hub/x"),
+                ("sk-abcdef123456", "Authorization: Bearer {}")]
+
+
+@FAST
+@given(secret=st.sampled_from(SECRET_TEXTS), around=st.lists(st.sampled_from(HOSTILE + ["a", " ", ":"]),
+                                                            max_size=5).map("".join),
+       line=st.sampled_from(["ERROR 12-05 02:00:01 [x.py:2] {}", "torch.OutOfMemoryError: CUDA out of memory. {}",
+                             "ValueError: {}", "(EngineCore_DP0 pid=1) CRITICAL 12-05 02:00:01 [c.py:9] {}"]))
+def test_doctor_log_prints_no_secret_and_no_control_wherever_the_log_holds_them(secret, around, line):
+    """Every printed form of a log line (the finding's excerpt, the first failure, --json) is
+    redacted and escaped, whichever kind of line the secret and the hostile text sit in."""
+    from helpers.hostile import run_main
+
+    from caovan_vllm_sm75_turbo3.cli import doctor
+    value, template = secret
+    text = line.format(around + template.format(value) + around)
+    with tempfile.TemporaryDirectory() as d:
+        log = Path(d, "vllm.log")
+        log.write_bytes((text + "\n").encode("utf-8", "surrogatepass"))
+        plain = run_main(doctor.PROG, doctor.main, ["--log", str(log)])
+        as_json = run_main(doctor.PROG, doctor.main, ["--log", str(log), "--json"])
+    for r in (plain, as_json):
+        assert r.code in (0, 1, 2) and "Traceback" not in r.out + r.err
+        assert value not in r.out + r.err
+        assert all(_printable(ln) for ln in (r.out + r.err).splitlines())
+    if as_json.code == 2 and not as_json.out:   # a NUL byte: refused as "not a text log", one line
+        assert as_json.err.startswith(f"{doctor.PROG}: error: ") and "not a text log" in as_json.err
+    else:
+        json.loads(as_json.out)
 
 
 @pytest.mark.parametrize("args", [["caovan-vllm-serve", "m", "--dry-run=true"],

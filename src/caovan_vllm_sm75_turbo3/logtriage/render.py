@@ -18,8 +18,9 @@ VERDICT_WORDS = {
 
 
 def _wrap(label: str, text: str, indent: int = 4) -> list[str]:
+    """`text` made safe first, then wrapped: a secret cut across two lines would not be seen as one."""
     pad = " " * indent
-    return textwrap.wrap(text, WIDTH, initial_indent=f"{pad}{label}", subsequent_indent=pad + "  ",
+    return textwrap.wrap(safe(text), WIDTH, initial_indent=f"{pad}{label}", subsequent_indent=pad + "  ",
                          break_on_hyphens=False, break_long_words=False) or [f"{pad}{label}"]
 
 
