@@ -1,6 +1,7 @@
-"""The log reader's fast path (triage.feed_block: lines holding none of the trigger words only count)
-changes no verdict: for every log of tests/data/logs, whole and cut into random mixes, the triage
-equals the one that feeds every line through the full path."""
+"""The log reader's fast path (triage.triage_stream: lines sorted by their shape, most never decoded)
+changes no verdict: for every log of tests/data/logs, whole, cut into random mixes and roughened with
+the text that makes shapes hard (colours, control characters, `\\r`, digits inside words, invalid
+UTF-8, lines that clean to nothing), the triage equals the one that reads every line in full."""
 
 from __future__ import annotations
 
@@ -9,30 +10,38 @@ import random
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from caovan_vllm_sm75_turbo3.logtriage import shapes as shapes_mod
 from caovan_vllm_sm75_turbo3.logtriage import triage as triage_mod
-from caovan_vllm_sm75_turbo3.logtriage.reader import read_lines
+from caovan_vllm_sm75_turbo3.logtriage.reader import clean, read_lines
 
 LOGS = sorted((Path(__file__).parent / "data" / "logs").glob("*.log"))
+POOL = [ln for p in LOGS for ln in p.read_bytes().splitlines(keepends=True)]
+# What vLLM, uvicorn and log collectors put before a message, and what the shape must not be fooled by.
+PREFIXES = [b"", b"(APIServer pid=7) ", b"(EngineCore_DP0 pid=1234) ", b"(Worker_TP1 pid=9, ip=10.0.0.1) ",
+            b"INFO 12-05 01:02:03 [api_server.py:1] ", b"WARNING 12-05 01:02:03 [x.py:9] ",
+            b"ERROR 12-05 01:02:03 [core.py:13] ", b"CRITICAL 12-05 01:02:03 [core.py:13] ", b"INFO:     ", b"2026-12-05T01:02:03.123Z ",
+            b"Dec 05 01:02:03 host vllm[137]: ", b"(APIServer pid=7) INFO 12-05 01:02:03 [a.py:1] "]
+FRAGMENTS = [b"137", b"-9", b": -9}", b"(exit code: -9)", b"died with exit code -9", b"Kil1led", b"Killed", b"HTTP/", b'"GET /v1/models HTTP/1.1" 200 OK',
+             b'"POST /v1/completions HTTP/1.1" 500 Internal Server Error', b'"GET /a\xe3\x80\x80b HTTP/1.1" 200',
+             b"Traceback (most recent call last):", b"  File \"x.py\", line 1, in load_model", b"RuntimeError: x",
+             b"\x1b[32m", b"\x1b]0;title\x07", b"\r", b"\t", b"\x00", b"\x7f", b"\xff\xfe", b"\xe2\x80\xae",
+             b"Application startup complete.", b"Avg prompt throughput: 1.0 tokens/s", b"sampling.cu",
+             b"No available shared memory broadcast block found in 60 seconds", b"[Caovan] warmup=READY",
+             b" ", b"0", b"5", b"version 0.27.0", b"vLLM", b"WARN", b"signal", b"\xe3\x80\x80"]
 
 
-class _SlowReader(triage_mod._Reader):
-    """The full path for every line: the reference the fast path must agree with."""
-
-    def feed_block(self, block):
-        text = "\n".join(ln.text for ln in block)
-        self.needles = tuple((n, i) for n, i in triage_mod._NEEDLES if n in text)
-        for ln in block:
-            self.feed(ln)
+def _shapes() -> shapes_mod.Shapes:
+    return shapes_mod.Shapes(triage_mod._TRIGGERS, triage_mod._NEEDLES, triage_mod.ACCESS, "HTTP/",
+                             triage_mod._LOUD_LEVELS)
 
 
 def _both(data: bytes) -> tuple[dict, dict]:
-    fast = triage_mod.triage_lines(read_lines(io.BytesIO(data)), "x").to_dict()
-    reader = _SlowReader()
-    lines = list(read_lines(io.BytesIO(data)))
-    for start in range(0, len(lines), triage_mod.BLOCK_LINES):
-        reader.feed_block(lines[start:start + triage_mod.BLOCK_LINES])
-    return fast, reader.finish("x").to_dict()
+    fast = triage_mod.triage_stream(io.BytesIO(data), "x").to_dict()
+    slow = triage_mod.triage_lines(read_lines(io.BytesIO(data)), "x").to_dict()
+    return fast, slow
 
 
 @pytest.mark.parametrize("log", LOGS, ids=[p.stem for p in LOGS])
@@ -41,18 +50,94 @@ def test_each_real_and_fixture_log_gets_the_same_verdict(log):
     assert fast == slow
 
 
-@pytest.mark.parametrize("seed", range(8))
-def test_random_mixes_of_every_logs_lines_get_the_same_verdict(seed):
-    rng = random.Random(seed * 7919 + random.randrange(1000))
-    pool = [ln for p in LOGS for ln in p.read_bytes().splitlines(keepends=True)]
-    picked = [rng.choice(pool) for _ in range(rng.randrange(200, 3000))]
+def _mix(rng: random.Random) -> list[bytes]:
+    picked = [rng.choice(POOL) for _ in range(rng.randrange(200, 3000))]
     # runs of consecutive lines too, so tracebacks, banners and deferred findings stay whole
     for _ in range(rng.randrange(1, 6)):
         log = rng.choice(LOGS).read_bytes().splitlines(keepends=True)
         at = rng.randrange(len(log))
         picked[rng.randrange(len(picked)):0] = log[at:at + rng.randrange(5, 200)]
-    fast, slow = _both(b"".join(picked))
+    return picked
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_mixes_of_every_logs_lines_get_the_same_verdict(seed):
+    fast, slow = _both(b"".join(_mix(random.Random(seed * 7919 + random.randrange(1000)))))
     assert fast == slow
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_roughened_mixes_get_the_same_verdict(seed):
+    """Lines of the logs with prefixes swapped, digits changed and hard fragments put inside."""
+    rng = random.Random(seed * 104729 + random.randrange(1000))
+    out = []
+    for line in _mix(rng):
+        body = line.rstrip(b"\n")
+        roll = rng.random()
+        if roll < 0.3:
+            body = rng.choice(PREFIXES) + body
+        elif roll < 0.5:
+            body = bytes(rng.choice(b"0123456789") if c in b"0123456789" else c for c in body)
+        elif roll < 0.7:
+            at = rng.randrange(len(body) + 1)
+            body = body[:at] + rng.choice(FRAGMENTS) + body[at:]
+        elif roll < 0.75:
+            body = rng.choice(PREFIXES)   # a line that cleans to nothing
+        out.append(body + b"\n")
+    fast, slow = _both(b"".join(out))
+    assert fast == slow
+
+
+@given(st.lists(st.tuples(st.sampled_from(PREFIXES), st.lists(st.sampled_from(FRAGMENTS), max_size=4),
+                          st.text(max_size=12)), max_size=60))
+def test_generated_lines_get_the_same_verdict(lines):
+    data = b"".join(p + b"".join(f) + t.encode("utf-8", "surrogatepass") + b"\n" for p, f, t in lines)
+    fast, slow = _both(data)
+    assert fast == slow
+
+
+def test_a_full_shape_memory_is_emptied_and_the_verdict_stays(monkeypatch):
+    monkeypatch.setattr(shapes_mod, "MAX_SHAPES", 3)
+    fast, slow = _both(b"".join(_mix(random.Random(5))))
+    assert fast == slow
+
+
+@pytest.mark.parametrize("line, word", [
+    (b"INFO 12-05 01:02:03 [x.py:1] worker exited with code 137\n", "137"),
+    (b'(APIServer pid=7) INFO:     127.0.0.1:1 - "GET /v1/models HTTP/1.1" 503 Service Unavailable\n', "5xx"),
+])
+def test_words_with_digits_are_looked_for_in_the_raw_line(line, word):
+    """The shape turns digits into 0: a word with digits must still send its line the long way."""
+    shapes = _shapes()
+    ln = clean(line.decode())
+    shape = shapes.learn(shapes.key(line.rstrip()), ln, shapes.find([ln]))
+    assert not shape.full, word                            # the shape alone would only count it
+    assert any(w in line for w in shape.raw_words), word   # the raw words catch it
+    assert triage_mod.triage_stream(io.BytesIO(line)).to_dict() == triage_mod.triage_lines(
+        read_lines(io.BytesIO(line))).to_dict()
+
+
+def test_an_access_line_inside_a_prefix_is_not_counted():
+    """The status is read after what `clean` strips: Ray's `ip=` part may hold anything but `)`."""
+    line = b'(Worker pid=1, ip="GET /x HTTP/1.1" 200) INFO 12-05 01:02:03 [a.py:1] hello HTTP/\n'
+    fast, slow = _both(line)
+    assert fast == slow
+    assert fast["http_ok"] == 0
+
+
+def test_a_critical_line_is_read_in_full():
+    """A CRITICAL line holds no trigger word, yet it is the alarm of a start that never got ready."""
+    fast, slow = _both(b"CRITICAL 12-05 01:02:03 [core.py:13] the engine stopped\n")
+    assert fast == slow
+    assert fast["verdict"] == "fatal"
+
+
+def test_a_line_with_control_characters_has_no_shape():
+    shapes = _shapes()
+    assert shapes.key(b"INFO x\x1b[0m y") is None
+    assert shapes.key(b"a\rb") is None
+    assert shapes.key(b"a\x00b") is None
+    assert shapes.key(b"INFO 12-05 x\ty") == b"INFO 00-00 x\ty"
 
 
 def test_every_word_feed_looks_for_is_a_trigger():

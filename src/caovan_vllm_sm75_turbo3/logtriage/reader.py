@@ -35,7 +35,10 @@ KEEP_BYTES = MAX_LINE_BYTES // 2
 SNIFF_BYTES = 8 * 1024
 FIFO_WAIT_S = 30.0  # a FIFO given as FILE: how long to wait for its first byte (or its writer's end)
 
-_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+# An OSC sequence stops at a line's end too: none spans lines, so lines joined by `\n` lose the
+# same as each alone (what logtriage/shapes.py relies on).
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b\n\r]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+_ANSI_BYTES = re.compile(_ANSI.pattern.encode())
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 # `docker logs -t` and journald put their own stamp before vLLM's line.
 _OUTER_STAMP = re.compile(
@@ -87,12 +90,18 @@ def clean(raw: str, number: int = 0) -> LogLine:
     return LogLine(number, text, process, level, source)
 
 
-def _pieces(stream: BinaryIO) -> Iterator[tuple[int, bytes]]:
-    """(line number, bytes) for each line, each at most MAX_LINE_BYTES; `\r` splits a line too
-    (tqdm progress bars, and vLLM's multi-line messages end their lines with `\r\n`). An over-long
-    line keeps its first and last KEEP_BYTES with ` ... ` between: an error at the end of a long
-    prefix (a dumped tensor, a long config) is still read. Whole chunks are split at once (what
-    keeps this fast); only a line longer than MAX_LINE_BYTES is carried across chunks, capped."""
+def strip_colours(raw: bytes) -> bytes:
+    """`raw` without the ANSI sequences `clean` drops, on bytes: for a line without other
+    control characters, `clean` of the result is `clean` of `raw`."""
+    return _ANSI_BYTES.sub(b"", raw)
+
+
+def numbered_lines(stream: BinaryIO) -> Iterator[tuple[int, bytes]]:
+    """(line number, bytes) for each non-blank line, each at most MAX_LINE_BYTES (a `\r` inside is
+    kept: `line_pieces` splits there). An over-long line keeps its first and last KEEP_BYTES with
+    ` ... ` between: an error at the end of a long prefix (a dumped tensor, a long config) is still
+    read. Whole chunks are split at once (what keeps this fast); only a line longer than
+    MAX_LINE_BYTES is carried across chunks, capped."""
     number = 0
     rest = b""          # the unfinished last line of the chunks so far (at most MAX_LINE_BYTES)
     head: bytes | None = None   # an over-long line's first KEEP_BYTES, while its end is awaited
@@ -104,7 +113,7 @@ def _pieces(stream: BinaryIO) -> Iterator[tuple[int, bytes]]:
                 tail = (tail + chunk)[-KEEP_BYTES:]
                 continue
             number += 1
-            yield from _split(number, head + b" ... " + (tail + chunk[:nl])[-KEEP_BYTES:])
+            yield number, head + b" ... " + (tail + chunk[:nl])[-KEEP_BYTES:]
             head, tail, chunk = None, b"", chunk[nl + 1:]
         lines = chunk.split(b"\n")
         chunk = b""   # the lines hold its bytes now: not twice
@@ -114,39 +123,35 @@ def _pieces(stream: BinaryIO) -> Iterator[tuple[int, bytes]]:
             number += 1
             if len(line) > MAX_LINE_BYTES:
                 line = line[:KEEP_BYTES] + b" ... " + line[-KEEP_BYTES:]
-            if b"\r" in line:
-                yield from _split(number, line)
-            elif line.strip():
+            if line.strip():
                 yield number, line
         if len(rest) > MAX_LINE_BYTES:
             head, tail, rest = rest[:KEEP_BYTES], rest[-KEEP_BYTES:], b""
     if head is not None:
-        number += 1
-        yield from _split(number, head + b" ... " + tail)
-    elif rest:
-        number += 1
-        yield from _split(number, rest)
+        yield number + 1, head + b" ... " + tail
+    elif rest.strip():
+        yield number + 1, rest
 
 
-def _split(number: int, line: bytes) -> Iterator[tuple[int, bytes]]:
-    for piece in line.split(b"\r"):
-        if piece.strip():
-            yield number, piece
-
-
-def read_lines(stream: BinaryIO) -> Iterator[LogLine]:
-    """Every non-empty line of `stream`, cleaned; bytes that are not UTF-8 become U+FFFD.
-
-    Pieces of one line split by `\r` keep the process named by the line's prefix."""
-    line_no, process = 0, None
-    for number, piece in _pieces(stream):
+def line_pieces(number: int, line: bytes) -> Iterator[LogLine]:
+    """The cleaned, non-empty pieces of one line: `\r` splits it (tqdm progress bars, and vLLM's
+    multi-line messages end their lines with `\r\n`); bytes that are not UTF-8 become U+FFFD.
+    A piece without a process prefix keeps the one its line's first piece named."""
+    process = None
+    for i, piece in enumerate(p for p in line.split(b"\r") if p.strip()):
         ln = clean(piece.decode("utf-8", "replace"), number)
-        if number != line_no:
-            line_no, process = number, ln.process
+        if i == 0:
+            process = ln.process
         elif ln.process is None and process is not None:
             ln = LogLine(ln.number, ln.text, process, ln.level, ln.source)
         if ln.text:
             yield ln
+
+
+def read_lines(stream: BinaryIO) -> Iterator[LogLine]:
+    """Every non-empty line of `stream`, cleaned (see `numbered_lines` and `line_pieces`)."""
+    for number, line in numbered_lines(stream):
+        yield from line_pieces(number, line)
 
 
 def looks_binary(head: bytes) -> bool:

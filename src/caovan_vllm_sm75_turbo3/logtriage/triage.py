@@ -8,17 +8,19 @@ import re
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import BinaryIO
 
 from ..errors import CaovanError
 from ..policy import vllm_versions as vv
 from ..policy.banner import HEADER_RE
-from .reader import LogLine, open_log, read_lines
+from .reader import LogLine, clean, line_pieces, numbered_lines, open_log, strip_colours
+from .shapes import Shape, Shapes
 from .signatures import BY_ID, CONTEXT_LINES, SIGNATURES, Role, Rule, Signature
 
 MAX_TEXT = 300            # characters of a matched line kept as its excerpt
 MAX_STATUS_KEYS = 64      # key=value lines kept from one banner
 MAX_PROCESSES = 256       # processes whose open traceback is tracked
-BLOCK_LINES = 128         # lines whose text is searched for the needles at once (bounded memory)
+BLOCK_LINES = 128         # raw lines whose words are looked for at once (for new shapes only)
 
 STATUS_LINE = re.compile(r"^(?:\[Caovan\] )?(?P<key>[a-z][a-z0-9_]*)=(?P<value>\S.*)$")
 WARMUP_LINE = re.compile(r"\[Caovan\] (?P<line>warmup=\S+.*)$")
@@ -229,13 +231,14 @@ class _Reader:
         self.in_banner = False
         # Open tracebacks by process: lines of other processes may come between a traceback's lines.
         self.tracebacks: dict[str | None, str | None] = {}   # process -> phase pinned by its frames
-        self.recent: deque[str] = deque(maxlen=CONTEXT_LINES)
+        self.recent: deque[str | bytes] = deque(maxlen=CONTEXT_LINES)   # bytes: not cleaned yet
+        self.shapes = Shapes(_TRIGGERS, _NEEDLES, ACCESS, "HTTP/", _LOUD_LEVELS)
         self.findings: dict[str, Finding] = {}
         self.pending: list[_Hit] = []
         self.frame_hits: dict[str | None, _Hit] = {}   # process -> a match in its open traceback's frames
         self.first_unknown: tuple[LogLine, str] | None = None
         self.shutdown_line: int | None = None   # where a requested shutdown of a server that was ready began
-        self.needles: tuple[tuple[str, int], ...] = _NEEDLES   # those present in the current block
+        self.needles: tuple[tuple[str, int], ...] = _NEEDLES   # those that may be in the current line
         # The first alarm of any kind not explained by a signature: an unknown exception, an
         # AssertionError, a CRITICAL line, a fatal signal (with its phase), for a start that never got ready.
         self.first_alarm: tuple[LogLine, str] | None = None
@@ -244,29 +247,51 @@ class _Reader:
         self.wait_outcome: dict[str, str] = {}   # "harmless"/"fatal" -> the deciding line, first seen
 
     # -- one line -------------------------------------------------------------------------------
-    def feed_block(self, block: list[LogLine]) -> None:
-        """Feed lines in order. The words that can make a line matter (_TRIGGERS: the needles and
-        every marker `feed` reacts to) are looked for once in the whole block, then only those found
-        there in each line. While no traceback, banner or deferred finding is open, a line holding
-        none of them (a metric line, most start-up lines) only counts, and one whose only such word
-        is `HTTP/` only counts its status: most lines never take the full path, which is what
-        keeps the reader fast."""
-        text = "\n".join(ln.text for ln in block)
-        present = tuple(t for t in _TRIGGERS if t in text)
-        found = set(present)
-        self.needles = tuple((n, i) for n, i in _NEEDLES if n in found)
-        for ln in block:
-            if self.pending or self.in_banner or self.tracebacks or ln.level in _LOUD_LEVELS:
-                self.feed(ln)
+    def read(self, lines: Iterable[tuple[int, bytes]]) -> None:
+        """Read raw lines (see reader.numbered_lines) in order, BLOCK_LINES at a time."""
+        it = iter(lines)
+        while block := list(itertools.islice(it, BLOCK_LINES)):
+            self._read_block(block)
+
+    def _read_block(self, block: list[tuple[int, bytes]]) -> None:
+        """While no traceback, banner or deferred finding is open, a line of a shape (see shapes.py)
+        holding none of the words `feed` reacts to (_TRIGGERS) at no loud level only counts, and
+        one whose only such word is `HTTP/` only counts its status: most lines are never decoded.
+        The lines of shapes not seen yet are cleaned first, and the words looked for once in them
+        all. This loop runs once per line of logs of gigabytes, hence its local names."""
+        shapes, seen, key_of = self.shapes, self.shapes.seen, Shapes.key
+        rows: list[tuple[int, bytes, bytes | None, Shape | None, LogLine | None]] = []
+        new: list[LogLine] = []
+        for number, raw in block:
+            if (key := key_of(raw)) is None and b"\x1b" in raw:   # colours: `clean` drops them first too
+                plain = strip_colours(raw)
+                if (key := key_of(plain)) is not None:   # with `\r` in it, its pieces are read as they are
+                    raw = plain
+            shape = ln = None
+            if key is not None and (shape := seen.get(key)) is None:
+                ln = clean(raw.decode("utf-8", "replace"), number)   # one piece: no `\r` in it
+                new.append(ln)
+            rows.append((number, raw, key, shape, ln))
+        found = shapes.find(new) if new else None
+        for number, raw, key, shape, ln in rows:
+            if key is None:   # other control characters or `\r` inside: cleaned and read in full
+                for piece in line_pieces(number, raw):
+                    self.needles = tuple((n, i) for n, i in _NEEDLES if n in piece.text)
+                    self.feed(piece)
                 continue
-            hits = [t for t in present if t in ln.text]
-            if not hits or hits == ["HTTP/"]:
-                self.lines = ln.number
-                if hits:
-                    self._track_http(ln)
-                self.recent.append(ln.text)
-            else:
-                self.feed(ln)
+            if shape is None:   # a new shape (or one an earlier line of this block taught)
+                shape = seen.get(key) or shapes.learn(key, ln, found)  # type: ignore[arg-type]
+            if shape.empty:
+                continue
+            if (shape.full or self.pending or self.in_banner or self.tracebacks
+                    or (shape.raw_words and any(map(raw.__contains__, shape.raw_words)))):
+                self.needles = shape.needles
+                self.feed(ln or clean(raw.decode("utf-8", "replace"), number))
+                continue
+            self.lines = number
+            if shape.status is not None:
+                self._count_status(int(raw[shape.status]), number, raw)
+            self.recent.append(raw)   # cleaned only if something reads it (_recent)
 
     def feed(self, ln: LogLine) -> None:
         self.lines = ln.number
@@ -369,14 +394,25 @@ class _Reader:
         return "", None
 
     def _track_http(self, ln: LogLine) -> None:
-        if "HTTP/" not in ln.text or (m := ACCESS.search(ln.text)) is None:
-            return
-        status = int(m.group("status"))
+        if "HTTP/" in ln.text and (m := ACCESS.search(ln.text)) is not None:
+            self._count_status(int(m.group("status")), ln.number, ln)
+
+    def _count_status(self, status: int, number: int, line: LogLine | bytes) -> None:
+        """Count an access line's status; a 2xx ends a shared-memory wait (the line is cleaned then)."""
         if 200 <= status < 300:
             self.http_ok += 1
-            self._close_wait("harmless", ln)
+            if self.wait_open:
+                self._close_wait("harmless", line if isinstance(line, LogLine) else
+                                 clean(line.decode("utf-8", "replace"), number))
         elif status >= 500:
             self.http_error += 1
+
+    def _recent(self) -> list[str]:
+        """The last CONTEXT_LINES cleaned texts; lines that only counted are cleaned here, when read."""
+        for i in range(len(self.recent)):
+            if isinstance(text := self.recent[i], bytes):
+                self.recent[i] = clean(text.decode("utf-8", "replace")).text
+        return [str(text) for text in self.recent]
 
     # -- signatures -----------------------------------------------------------------------------
     def _match(self, ln: LogLine, kind: str, tb_phase: str | None) -> bool:
@@ -396,7 +432,7 @@ class _Reader:
             if kind == "traceback":
                 if ln.process not in self.frame_hits and len(self.frame_hits) < MAX_PROCESSES:
                     self.frame_hits[ln.process] = hit
-            elif sig.context and not any(c in r for r in self.recent for c in sig.context):
+            elif sig.context and not any(c in r for r in self._recent() for c in sig.context):
                 self._defer(hit)
             else:
                 self._record(sig, hit)
@@ -405,7 +441,7 @@ class _Reader:
 
     def _kernel_name(self) -> dict[str, str]:
         """The Triton kernel a shared-memory error is about: its launch line in the traceback above."""
-        for text in reversed(self.recent):
+        for text in reversed(self._recent()):
             if m := KERNEL_LAUNCH.search(text):
                 return {"kernel": m.group("kernel")}
         for text in reversed(self.recent):
@@ -572,11 +608,18 @@ class _Reader:
 
 
 def triage_lines(lines: Iterable[LogLine], source: str = "-") -> Triage:
-    """Triage cleaned log lines (see reader.read_lines), in one pass."""
+    """Triage cleaned log lines (see reader.read_lines), each read in full: the reference the fast
+    path of `triage_stream` agrees with, and what tests with hand-made lines use."""
     state = _Reader()
-    it = iter(lines)
-    while block := list(itertools.islice(it, BLOCK_LINES)):
-        state.feed_block(block)
+    for ln in lines:
+        state.feed(ln)
+    return state.finish(source)
+
+
+def triage_stream(stream: BinaryIO, source: str = "-") -> Triage:
+    """Triage a raw log stream in one pass (see _Reader.read)."""
+    state = _Reader()
+    state.read(numbered_lines(stream))
     return state.finish(source)
 
 
@@ -584,7 +627,7 @@ def triage_path(path: str) -> Triage:
     """Triage the log at `path` (`-`: standard input). Raises CaovanError when it cannot be read."""
     with open_log(path) as stream:
         try:
-            return triage_lines(read_lines(stream), path)
+            return triage_stream(stream, path)
         except (OSError, EOFError) as err:
             label = "standard input" if path == "-" else repr(path)
             raise CaovanError(f"--log {label}: reading failed part-way ({getattr(err, 'strerror', None) or err})"

@@ -1,0 +1,150 @@
+"""What a raw log line is to the triage, decided once per *shape*: the line with every digit turned
+into `0`. A long-running server's log repeats a few hundred shapes (access lines, metric lines) with
+new numbers, so most lines are sorted by one `bytes.translate` and a dict lookup, without decoding
+or cleaning them. That is what keeps the reader fast.
+
+Why the shape decides exactly what the line would: the prefixes `reader.clean` strips treat every
+digit alike (`\\d`, `isdigit`), so every line of one shape cleans to a text of the same length and
+level, empty or not alike, and a word without digits is in one exactly where it is in the others.
+Words with digits (`137`, `" HTTP/1.1" 5`) are looked for in the raw line itself: a raw line holds
+everything its cleaned text holds, so that can only send a line the long way round, never skip one.
+A new shape's words are looked for among those found in its block of lines (`Shapes.find`), once.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+from .reader import LogLine
+
+MAX_SHAPES = 16384         # shapes remembered; the memory stays flat (a few MiB at most)
+MAX_SHAPE_BYTES = 512      # longer lines are sorted without being remembered
+# Digits become "0"; control characters (ANSI colours included) become NUL, which marks a line
+# that `clean` changes inside, not only at its ends: such a line is never sorted by its shape.
+_SHAPE = bytes.maketrans(
+    b"123456789" + bytes([*range(1, 9), *range(0x0B, 0x20), 0x7F]),
+    b"000000000" + b"\x00" * (8 + 0x20 - 0x0B + 1))
+_DIGIT = re.compile(r"\d")
+
+
+class Shape(NamedTuple):   # a tuple: made for every new shape, so made cheaply
+    """What every line of one shape is to the triage."""
+
+    empty: bool                 # cleans to nothing: not a line at all
+    full: bool                  # read in full whatever its digits: a loud level, or a trigger word
+    raw_words: tuple[bytes, ...]   # words with digits its lines may hold: looked for in each raw line
+    status: slice | None        # a line with only the access word: where its status code stands
+    needles: tuple[tuple[str, int], ...]   # the signatures' needles it may hold (feed's candidates)
+
+
+_EMPTY = Shape(True, False, (), None, ())
+
+
+class DigitWord(NamedTuple):
+    """A trigger word with digits: a line's shape tells whether the line may hold it."""
+
+    raw: bytes
+    shaped: bytes
+    guard: str | None       # a digit-free trigger word it holds: it is only where that one is
+    raw_only: bool          # it holds no digit-free word but the access word: looked for in raw lines
+    needles: tuple[tuple[str, int], ...]   # itself, where it is a signature's needle
+
+
+class Found(NamedTuple):
+    """What may be in a block's new lines (see Shapes.find)."""
+
+    words: tuple[str, ...]                # digit-free trigger words
+    digit_words: tuple[DigitWord, ...]
+
+
+class Shapes:
+    """The sorter for one pass over a log: a bounded memory of shapes seen, and how to learn one."""
+
+    def __init__(self, triggers: tuple[str, ...], needles: tuple[tuple[str, int], ...],
+                 access: re.Pattern[str], access_word: str, loud: tuple[str, ...]) -> None:
+        words = [t for t in triggers if not _DIGIT.search(t)]
+        # A word that holds another ("GatedRepoError" holds "rror") can only be where that one is:
+        # each is looked for only where the first root it holds was found.
+        roots = [w for w in words if not any(o != w and o in w for o in words)]
+        self._roots = tuple((r, tuple(w for w in words if w not in roots and next(o for o in roots if o in w) == r))
+                            for r in roots)
+        self._digit_words = tuple(self._digit_word(t, words, needles, access_word)
+                                  for t in triggers if _DIGIT.search(t))
+        self._needles = needles
+        self._needles_of: dict[tuple[str, ...], tuple[tuple[str, int], ...]] = {}   # words -> their needles
+        self._quiet: dict[tuple[DigitWord, ...], Shape] = {}   # shapes without trigger words, by digit words
+        self._access = re.compile(access.pattern.encode())   # digit-blind: it matches a shape as its lines
+        self._access_word = access_word
+        self._loud = loud
+        self.seen: dict[bytes, Shape] = {}
+
+    @staticmethod
+    def _digit_word(word: str, words: list[str], needles: tuple[tuple[str, int], ...], access_word: str) -> DigitWord:
+        held = [w for w in words if w in word]
+        return DigitWord(word.encode(), word.encode().translate(_SHAPE), held[0] if held else None,
+                         all(w == access_word for w in held), tuple((n, i) for n, i in needles if n == word))
+
+    @staticmethod
+    def key(raw: bytes) -> bytes | None:
+        """The shape of a raw line, or None where control characters (`\\r` included) are inside."""
+        key = raw.translate(_SHAPE)
+        return None if b"\x00" in key else key
+
+    def find(self, lines: list[LogLine]) -> Found:
+        """The trigger words that may be in `lines` (cleaned), looked for once in them all, so that
+        each new shape among them is sorted among these few; words with digits by their shape."""
+        text = "\n".join(ln.text for ln in lines)
+        words: list[str] = []
+        for root, holders in self._roots:
+            if root in text:
+                words.append(root)
+                words.extend(w for w in holders if w in text)
+        shaped = text.encode().translate(_SHAPE)
+        return Found(tuple(words), tuple(d for d in self._digit_words
+                                         if (d.guard is None or d.guard in words) and d.shaped in shaped))
+
+    def learn(self, key: bytes, ln: LogLine, found: Found) -> Shape:
+        """The meaning of `key`'s shape, from one line of it cleaned (`ln`), among what was
+        `found` in its block; remembered. Any line of the shape gives the same (the module's doc)."""
+        shape = self._sort(key, ln, found)
+        if len(key) <= MAX_SHAPE_BYTES:
+            if len(self.seen) >= MAX_SHAPES:
+                self.seen.clear()
+            self.seen[key] = shape
+        return shape
+
+    def _sort(self, key: bytes, ln: LogLine, found: Found) -> Shape:
+        text = ln.text
+        if not text:
+            return _EMPTY
+        words = [w for w in found.words if w in text]
+        loud = ln.level in self._loud
+        digit_words = tuple(d for d in found.digit_words if d.shaped in key)
+        if not (words or loud):   # most new shapes: a few shared answers
+            quiet = self._quiet.get(digit_words)
+            if quiet is None:
+                raw_words, digit_needles = _parts(digit_words)
+                quiet = self._quiet[digit_words] = Shape(False, False, raw_words, None, digit_needles)
+            return quiet
+        full = loud or words != [self._access_word]
+        status = None
+        if not full:
+            if key.isascii():   # ASCII: the bytes pattern reads as the text one
+                prefix = len(key.rstrip()) - len(text)   # what `clean` strips: the text is the rest
+                if (m := self._access.search(key, prefix)) is not None:
+                    status = slice(m.start("status"), m.end("status"))
+            else:   # not ASCII: the access line is read in full
+                full = True
+        needles = self._needles_of.get(tuple(words))
+        if needles is None:
+            needles = tuple((n, i) for n, i in self._needles if n in words)
+            if len(self._needles_of) < MAX_SHAPES:
+                self._needles_of[tuple(words)] = needles
+        raw_words, digit_needles = _parts(digit_words)
+        return Shape(False, full, raw_words, status, needles + digit_needles)
+
+
+def _parts(digit_words: tuple[DigitWord, ...]) -> tuple[tuple[bytes, ...], tuple[tuple[str, int], ...]]:
+    """The raw words to look for in each line, and the needles, of a shape's digit words."""
+    return tuple(d.raw for d in digit_words if d.raw_only), tuple(n for d in digit_words for n in d.needles)
