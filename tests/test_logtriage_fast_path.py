@@ -35,7 +35,7 @@ FRAGMENTS = [b"137", b"-9", b": -9}", b"(exit code: -9)", b"died with exit code 
 
 def _shapes() -> shapes_mod.Shapes:
     return shapes_mod.Shapes(triage_mod._TRIGGERS, triage_mod._NEEDLES, triage_mod.ACCESS, "HTTP/",
-                             triage_mod._LOUD_LEVELS)
+                             triage_mod._LOUD_LEVELS, triage_mod.goes_on_traceback)
 
 
 def _both(data: bytes) -> tuple[dict, dict]:
@@ -130,6 +130,42 @@ def test_a_critical_line_is_read_in_full():
     fast, slow = _both(b"CRITICAL 12-05 01:02:03 [core.py:13] the engine stopped\n")
     assert fast == slow
     assert fast["verdict"] == "fatal"
+
+
+def test_tracebacks_of_two_workers_whose_names_differ_only_in_a_digit():
+    """Lines of one shape may come from Worker_TP0 and Worker_TP1: the process is read from each
+    raw line, so a frame pins the phase of its own worker's traceback only."""
+    def tb(w: int, func: str) -> list[bytes]:
+        p = f"(Worker_TP{w} pid=1{w}) ".encode()
+        return [p + b"Traceback (most recent call last):\n", p + f'  File "/v/x.py", line 1{w}, in {func}\n'.encode(),
+                p + b"    return f()\n"]
+    data = b"".join([*tb(0, "load_model"), *tb(1, "capture_model"), tb(0, "x")[2], tb(1, "x")[2],
+                     b"(Worker_TP0 pid=10) RuntimeError: boom\n", b"(Worker_TP1 pid=11) ValueError: bang\n"])
+    fast, slow = _both(data)
+    assert fast == slow
+    assert "while loading the weights" in fast["first_failure"]["cause"]
+
+
+def test_a_frame_of_a_worker_without_a_traceback_pins_no_other_workers_phase():
+    """A shape learnt from Worker_TP1's line, met again in Worker_TP0's while only TP1 has a
+    traceback open: the frame is TP0's, so TP1's failure gets no phase from it."""
+    frame = '  File "/v/x.py", line 1{w}, in load_model\n'
+    data = b"".join(s.encode() for s in [
+        "(Worker_TP1 pid=11) " + frame.format(w=1), "(Worker_TP1 pid=11) Traceback (most recent call last):\n",
+        "(Worker_TP0 pid=10) " + frame.format(w=0), "(Worker_TP1 pid=11) ValueError: bang\n"])
+    fast, slow = _both(data)
+    assert fast == slow
+    assert "while loading the weights" not in fast["first_failure"]["cause"]
+
+
+@pytest.mark.parametrize("p", ["(Worker_TP0 pid=10) ", ""])
+def test_a_line_that_does_not_go_on_ends_its_processs_traceback(p):
+    data = "".join(p + s + "\n" for s in ["Traceback (most recent call last):", '  File "x.py", line 1, in f',
+                                          "boom happened", '  File "x.py", line 2, in load_model',
+                                          "ValueError: bang"]).encode()
+    fast, slow = _both(data)
+    assert fast == slow
+    assert fast["first_failure"] is None
 
 
 def test_a_line_with_control_characters_has_no_shape():

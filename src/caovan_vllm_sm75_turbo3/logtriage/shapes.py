@@ -14,6 +14,7 @@ A new shape's words are looked for among those found in its block of lines (`Sha
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import NamedTuple
 
 from .reader import LogLine
@@ -32,10 +33,13 @@ class Shape(NamedTuple):   # a tuple: made for every new shape, so made cheaply
     """What every line of one shape is to the triage."""
 
     empty: bool                 # cleans to nothing: not a line at all
-    full: bool                  # read in full whatever its digits: a loud level, or a trigger word
+    full: bool                  # read in full whatever its digits: a CRITICAL line, or a trigger word
     raw_words: tuple[bytes, ...]   # words with digits its lines may hold: looked for in each raw line
     status: slice | None        # a line with only the access word: where its status code stands
     needles: tuple[tuple[str, int], ...]   # the signatures' needles it may hold (feed's candidates)
+    goes_on: bool = False       # it goes on with an open traceback of its process (ASCII lines only)
+    pins: str | None = None     # the phase its traceback frame pins
+    process: str | tuple[int, int] | None = None   # its process: the name, or where it stands (digits)
 
 
 _EMPTY = Shape(True, False, (), None, ())
@@ -62,7 +66,8 @@ class Shapes:
     """The sorter for one pass over a log: a bounded memory of shapes seen, and how to learn one."""
 
     def __init__(self, triggers: tuple[str, ...], needles: tuple[tuple[str, int], ...],
-                 access: re.Pattern[str], access_word: str, loud: tuple[str, ...]) -> None:
+                 access: re.Pattern[str], access_word: str, loud: tuple[str, ...],
+                 goes_on: Callable[[str], tuple[bool, str | None]]) -> None:
         words = [t for t in triggers if not _DIGIT.search(t)]
         # A word that holds another ("GatedRepoError" holds "rror") can only be where that one is:
         # each is looked for only where the first root it holds was found.
@@ -73,10 +78,11 @@ class Shapes:
                                   for t in triggers if _DIGIT.search(t))
         self._needles = needles
         self._needles_of: dict[tuple[str, ...], tuple[tuple[str, int], ...]] = {}   # words -> their needles
-        self._quiet: dict[tuple[DigitWord, ...], Shape] = {}   # shapes without trigger words, by digit words
+        self._quiet: dict[tuple[object, ...], Shape] = {}   # shapes without trigger words, shared
         self._access = re.compile(access.pattern.encode())   # digit-blind: it matches a shape as its lines
         self._access_word = access_word
         self._loud = loud
+        self._goes_on = goes_on
         self.seen: dict[bytes, Shape] = {}
 
     @staticmethod
@@ -121,11 +127,14 @@ class Shapes:
         words = [w for w in found.words if w in text]
         loud = ln.level in self._loud
         digit_words = tuple(d for d in found.digit_words if d.shaped in key)
+        goes_on, pins = self._goes_on(text) if key.isascii() else (False, None)
+        process = _process(key, ln.process) if goes_on else None
         if not (words or loud):   # most new shapes: a few shared answers
-            quiet = self._quiet.get(digit_words)
+            quiet = self._quiet.get((digit_words, goes_on, pins, process))
             if quiet is None:
                 raw_words, digit_needles = _parts(digit_words)
-                quiet = self._quiet[digit_words] = Shape(False, False, raw_words, None, digit_needles)
+                quiet = self._quiet[digit_words, goes_on, pins, process] = Shape(
+                    False, False, raw_words, None, digit_needles, goes_on, pins, process)
             return quiet
         full = loud or words != [self._access_word]
         status = None
@@ -142,7 +151,17 @@ class Shapes:
             if len(self._needles_of) < MAX_SHAPES:
                 self._needles_of[tuple(words)] = needles
         raw_words, digit_needles = _parts(digit_words)
-        return Shape(False, full, raw_words, status, needles + digit_needles)
+        return Shape(False, full, raw_words, status, needles + digit_needles, goes_on, pins, process)
+
+
+def _process(key: bytes, name: str | None) -> str | tuple[int, int] | None:
+    """A shape's process: its name, or where it stands in the line when it holds digits (lines of
+    one shape may name different workers: Worker_TP0, Worker_TP1). `(NAME pid=` holds a space,
+    so no outer stamp before it can hold it: its first place in the line is the prefix."""
+    if name is None or not _DIGIT.search(name):
+        return name
+    at = key.find(b"(" + name.encode().translate(_SHAPE) + b" pid=") + 1
+    return (at, at + len(name))
 
 
 def _parts(digit_words: tuple[DigitWord, ...]) -> tuple[tuple[bytes, ...], tuple[tuple[str, int], ...]]:

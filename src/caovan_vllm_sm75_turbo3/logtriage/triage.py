@@ -63,13 +63,15 @@ PHASE_MARKERS: tuple[tuple[str, str], ...] = (
     ("init engine (profile, create kv cache, warmup model) took", "serving"),
     ("Application startup complete", "serving"),
 )
-# Every word whose presence makes `feed` do more than count a line (feed_block's fast path rests on
-# this list: a word `feed` reacts to and missing here would go unseen). Levels are checked apart.
+# Every word whose presence makes `feed` do more than count a line (the shape fast path of
+# _read_block rests on this list: a word `feed` reacts to and missing here would go unseen).
 _TRIGGERS: tuple[str, ...] = tuple(dict.fromkeys((
     *(n for n, _ in _NEEDLES), *(m for m, _ in PHASE_MARKERS), "Caovan", "version", "Traceback",
     "rror", "ailed", "FAILED", *_FATAL_HINTS, "HTTP/", *SHUTDOWN_MARKERS, "Application startup complete",
     "init engine (profile, create kv cache, warmup model) took")))
-_LOUD_LEVELS = ("WARNING", "ERROR", "CRITICAL")
+# The levels that make `feed` do more than count a line holding none of _TRIGGERS: a CRITICAL line
+# is an alarm. A WARNING or ERROR line matters only through its words (an error-context needle).
+_LOUD_LEVELS = ("CRITICAL",)
 # Traceback frames that pin the phase of a failure more exactly than the last progress message.
 PHASE_FRAMES: dict[str, str] = {
     "load_model": "load", "load_weights": "load",
@@ -95,6 +97,15 @@ STATUS_MEANINGS: dict[tuple[str, str], str] = {
     ("turbo3", "active"): "our accelerated SM75 path is active",
     ("turbo3", "inactive"): "our accelerated SM75 path is not active (guards only)",
 }
+
+
+def goes_on_traceback(text: str) -> tuple[bool, str | None]:
+    """Whether a line goes on with an open traceback of its process (indented, a frame, a caret
+    line), and the phase its frame pins (PHASE_FRAMES), if any."""
+    if text[:1].isspace() or text.lstrip().startswith(("File ", "^", "~")):
+        m = FRAME.search(text)
+        return True, PHASE_FRAMES.get(m.group("func")) if m else None
+    return False, None
 
 
 @dataclass
@@ -232,7 +243,7 @@ class _Reader:
         # Open tracebacks by process: lines of other processes may come between a traceback's lines.
         self.tracebacks: dict[str | None, str | None] = {}   # process -> phase pinned by its frames
         self.recent: deque[str | bytes] = deque(maxlen=CONTEXT_LINES)   # bytes: not cleaned yet
-        self.shapes = Shapes(_TRIGGERS, _NEEDLES, ACCESS, "HTTP/", _LOUD_LEVELS)
+        self.shapes = Shapes(_TRIGGERS, _NEEDLES, ACCESS, "HTTP/", _LOUD_LEVELS, goes_on_traceback)
         self.findings: dict[str, Finding] = {}
         self.pending: list[_Hit] = []
         self.frame_hits: dict[str | None, _Hit] = {}   # process -> a match in its open traceback's frames
@@ -283,8 +294,15 @@ class _Reader:
                 shape = seen.get(key) or shapes.learn(key, ln, found)  # type: ignore[arg-type]
             if shape.empty:
                 continue
-            if (shape.full or self.pending or self.in_banner or self.tracebacks
-                    or (shape.raw_words and any(map(raw.__contains__, shape.raw_words)))):
+            full = (shape.full or self.pending or self.in_banner
+                    or (shape.raw_words and any(map(raw.__contains__, shape.raw_words))))
+            if not full and self.tracebacks:   # open: a line going on with its process's only pins a phase
+                process = raw[shape.process[0]:shape.process[1]].decode() if isinstance(
+                    shape.process, tuple) else shape.process
+                full = not shape.goes_on or process not in self.tracebacks
+                if not full and shape.pins and self.tracebacks[process] is None:
+                    self.tracebacks[process] = shape.pins
+            if full:
                 self.needles = shape.needles
                 self.feed(ln or clean(raw.decode("utf-8", "replace"), number))
                 continue
@@ -381,9 +399,9 @@ class _Reader:
             return "traceback", None
         if ln.process in self.tracebacks:
             phase = self.tracebacks[ln.process]
-            if text[:1].isspace() or stripped.startswith(("File ", "^", "~")):
-                if (m := FRAME.search(text)) and m.group("func") in PHASE_FRAMES:
-                    self.tracebacks[ln.process] = phase or PHASE_FRAMES[m.group("func")]
+            goes_on, pins = goes_on_traceback(text)
+            if goes_on:
+                self.tracebacks[ln.process] = phase or pins
                 return "traceback", self.tracebacks[ln.process]
             del self.tracebacks[ln.process]
             if EXCEPTION.match(stripped):
