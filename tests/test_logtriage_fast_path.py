@@ -110,7 +110,7 @@ def test_words_with_digits_are_looked_for_in_the_raw_line(line, word):
     """The shape turns digits into 0: a word with digits must still send its line the long way."""
     shapes = _shapes()
     ln = clean(line.decode())
-    shape = shapes.learn(shapes.key(line.rstrip()), ln, shapes.find([ln]))
+    shape = shapes.learn(shapes.key(line.rstrip()), ln, shapes.find([line]))
     assert not shape.full, word                            # the shape alone would only count it
     assert any(w in line for w in shape.raw_words), word   # the raw words catch it
     assert triage_mod.triage_stream(io.BytesIO(line)).to_dict() == triage_mod.triage_lines(
@@ -166,6 +166,14 @@ def test_a_line_that_does_not_go_on_ends_its_processs_traceback(p):
     fast, slow = _both(data)
     assert fast == slow
     assert fast["first_failure"] is None
+
+
+@pytest.mark.parametrize("line", ["(APIServer pid=7) \u3000", "INFO 12-05 01:02:03 [a.py:1]\u3000\u3000"])
+def test_a_line_whose_unicode_space_end_leaves_only_a_prefix_is_no_line(line):
+    """`clean` strips Unicode spaces at the end, bytes.rstrip does not: such a line is not told at sight."""
+    data = f"{line}\nhello\n{line}\n".encode()
+    fast, slow = _both(data)
+    assert fast == slow and fast["lines"] == 2
 
 
 def test_a_line_with_control_characters_has_no_shape():

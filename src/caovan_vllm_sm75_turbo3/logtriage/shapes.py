@@ -37,7 +37,8 @@ class Shape(NamedTuple):   # a tuple: made for every new shape, so made cheaply
     raw_words: tuple[bytes, ...]   # words with digits its lines may hold: looked for in each raw line
     status: slice | None        # a line with only the access word: where its status code stands
     needles: tuple[tuple[str, int], ...]   # the signatures' needles it may hold (feed's candidates)
-    goes_on: bool = False       # it goes on with an open traceback of its process (ASCII lines only)
+    goes_on: bool | None = False   # it goes on with an open traceback of its process (ASCII lines
+    #                                only); None: not learnt yet (see Shapes.at_sight)
     pins: str | None = None     # the phase its traceback frame pins
     process: str | tuple[int, int] | None = None   # its process: the name, or where it stands (digits)
 
@@ -59,6 +60,7 @@ class Found(NamedTuple):
     """What may be in a block's new lines (see Shapes.find)."""
 
     words: tuple[str, ...]                # digit-free trigger words
+    words_bytes: tuple[bytes, ...]        # the same, encoded
     digit_words: tuple[DigitWord, ...]
 
 
@@ -72,7 +74,8 @@ class Shapes:
         # A word that holds another ("GatedRepoError" holds "rror") can only be where that one is:
         # each is looked for only where the first root it holds was found.
         roots = [w for w in words if not any(o != w and o in w for o in words)]
-        self._roots = tuple((r, tuple(w for w in words if w not in roots and next(o for o in roots if o in w) == r))
+        self._roots = tuple((r, r.encode(), tuple((w, w.encode()) for w in words
+                                                  if w not in roots and next(o for o in roots if o in w) == r))
                             for r in roots)
         self._digit_words = tuple(self._digit_word(t, words, needles, access_word)
                                   for t in triggers if _DIGIT.search(t))
@@ -82,6 +85,7 @@ class Shapes:
         self._access = re.compile(access.pattern.encode())   # digit-blind: it matches a shape as its lines
         self._access_word = access_word
         self._loud = loud
+        self._loud_bytes = tuple(level.encode() for level in loud)
         self._goes_on = goes_on
         self.seen: dict[bytes, Shape] = {}
 
@@ -97,28 +101,53 @@ class Shapes:
         key = raw.translate(_SHAPE)
         return None if b"\x00" in key else key
 
-    def find(self, lines: list[LogLine]) -> Found:
-        """The trigger words that may be in `lines` (cleaned), looked for once in them all, so that
-        each new shape among them is sorted among these few; words with digits by their shape."""
-        text = "\n".join(ln.text for ln in lines)
-        words: list[str] = []
-        for root, holders in self._roots:
-            if root in text:
-                words.append(root)
-                words.extend(w for w in holders if w in text)
-        shaped = text.encode().translate(_SHAPE)
-        return Found(tuple(words), tuple(d for d in self._digit_words
-                                         if (d.guard is None or d.guard in words) and d.shaped in shaped))
+    def find(self, raws: list[bytes]) -> Found:
+        """The trigger words that may be in `raws` (lines without colours), looked for once in them
+        all, so that each new shape among them is sorted among these few; words with digits by
+        their shape. A raw line holds every word its cleaned text holds."""
+        joined = b"\n".join(raws)
+        words: list[tuple[str, bytes]] = []
+        for root, root_bytes, holders in self._roots:
+            if root_bytes in joined:
+                words.append((root, root_bytes))
+                words.extend(w for w in holders if w[1] in joined)
+        shaped = joined.translate(_SHAPE)
+        found = {w for w, _ in words}
+        return Found(tuple(w for w, _ in words), tuple(b for _, b in words),
+                     tuple(d for d in self._digit_words if (d.guard is None or d.guard in found) and d.shaped in shaped))
+
+    def at_sight(self, key: bytes, raw: bytes, found: Found) -> Shape | None:
+        """A new shape told from its raw line alone, without cleaning it, where that is sure: none
+        of the words `found` in its block and no loud level's name is in it, and it is ASCII and
+        ends in a character that ends no prefix `clean` strips, so its text is not empty. What it
+        is inside a traceback is learnt when one is open (`goes_on` None). Remembered."""
+        if (not key.isascii() or key.rstrip()[-1:] in b")]:0Z" or any(map(raw.__contains__, self._loud_bytes))
+                or any(map(raw.__contains__, found.words_bytes))):
+            return None
+        return self._remember(key, self._quiet_shape(tuple(d for d in found.digit_words if d.shaped in key),
+                                                     None, None, None))
 
     def learn(self, key: bytes, ln: LogLine, found: Found) -> Shape:
         """The meaning of `key`'s shape, from one line of it cleaned (`ln`), among what was
         `found` in its block; remembered. Any line of the shape gives the same (the module's doc)."""
-        shape = self._sort(key, ln, found)
+        return self._remember(key, self._sort(key, ln, found))
+
+    def _remember(self, key: bytes, shape: Shape) -> Shape:
         if len(key) <= MAX_SHAPE_BYTES:
             if len(self.seen) >= MAX_SHAPES:
                 self.seen.clear()
             self.seen[key] = shape
         return shape
+
+    def _quiet_shape(self, digit_words: tuple[DigitWord, ...], goes_on: bool | None, pins: str | None,
+                     process: str | tuple[int, int] | None) -> Shape:
+        """A shape holding no trigger word: a few shared answers."""
+        quiet = self._quiet.get((digit_words, goes_on, pins, process))
+        if quiet is None:
+            raw_words, digit_needles = _parts(digit_words)
+            quiet = self._quiet[digit_words, goes_on, pins, process] = Shape(
+                False, False, raw_words, None, digit_needles, goes_on, pins, process)
+        return quiet
 
     def _sort(self, key: bytes, ln: LogLine, found: Found) -> Shape:
         text = ln.text
@@ -129,13 +158,8 @@ class Shapes:
         digit_words = tuple(d for d in found.digit_words if d.shaped in key)
         goes_on, pins = self._goes_on(text) if key.isascii() else (False, None)
         process = _process(key, ln.process) if goes_on else None
-        if not (words or loud):   # most new shapes: a few shared answers
-            quiet = self._quiet.get((digit_words, goes_on, pins, process))
-            if quiet is None:
-                raw_words, digit_needles = _parts(digit_words)
-                quiet = self._quiet[digit_words, goes_on, pins, process] = Shape(
-                    False, False, raw_words, None, digit_needles, goes_on, pins, process)
-            return quiet
+        if not (words or loud):
+            return self._quiet_shape(digit_words, goes_on, pins, process)
         full = loud or words != [self._access_word]
         status = None
         if not full:

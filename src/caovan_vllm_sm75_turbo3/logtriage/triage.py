@@ -268,35 +268,42 @@ class _Reader:
         """While no traceback, banner or deferred finding is open, a line of a shape (see shapes.py)
         holding none of the words `feed` reacts to (_TRIGGERS) at no loud level only counts, and
         one whose only such word is `HTTP/` only counts its status: most lines are never decoded.
-        The lines of shapes not seen yet are cleaned first, and the words looked for once in them
-        all. This loop runs once per line of logs of gigabytes, hence its local names."""
+        The words that may be in the lines of shapes not seen yet are looked for once in them all;
+        most such lines are then told at sight, the others cleaned. This loop runs once per line
+        of logs of gigabytes, hence its local names."""
         shapes, seen, key_of = self.shapes, self.shapes.seen, Shapes.key
-        rows: list[tuple[int, bytes, bytes | None, Shape | None, LogLine | None]] = []
-        new: list[LogLine] = []
+        rows: list[tuple[int, bytes, bytes | None, Shape | None]] = []
+        new: list[bytes] = []
         for number, raw in block:
             if (key := key_of(raw)) is None and b"\x1b" in raw:   # colours: `clean` drops them first too
                 plain = strip_colours(raw)
                 if (key := key_of(plain)) is not None:   # with `\r` in it, its pieces are read as they are
                     raw = plain
-            shape = ln = None
+            shape = None
             if key is not None and (shape := seen.get(key)) is None:
-                ln = clean(raw.decode("utf-8", "replace"), number)   # one piece: no `\r` in it
-                new.append(ln)
-            rows.append((number, raw, key, shape, ln))
+                new.append(raw)
+            rows.append((number, raw, key, shape))
         found = shapes.find(new) if new else None
-        for number, raw, key, shape, ln in rows:
+        for number, raw, key, shape in rows:
             if key is None:   # other control characters or `\r` inside: cleaned and read in full
                 for piece in line_pieces(number, raw):
                     self.needles = tuple((n, i) for n, i in _NEEDLES if n in piece.text)
                     self.feed(piece)
                 continue
+            ln = None
             if shape is None:   # a new shape (or one an earlier line of this block taught)
-                shape = seen.get(key) or shapes.learn(key, ln, found)  # type: ignore[arg-type]
+                shape = seen.get(key) or shapes.at_sight(key, raw, found)  # type: ignore[arg-type]
+                if shape is None:
+                    ln = clean(raw.decode("utf-8", "replace"), number)   # one piece: no `\r` in it
+                    shape = shapes.learn(key, ln, found)  # type: ignore[arg-type]
             if shape.empty:
                 continue
             full = (shape.full or self.pending or self.in_banner
                     or (shape.raw_words and any(map(raw.__contains__, shape.raw_words))))
             if not full and self.tracebacks:   # open: a line going on with its process's only pins a phase
+                if shape.goes_on is None:   # told at sight: what it is in a traceback is learnt now
+                    ln = ln or clean(raw.decode("utf-8", "replace"), number)
+                    shape = shapes.learn(key, ln, shapes.find([raw]))
                 process = raw[shape.process[0]:shape.process[1]].decode() if isinstance(
                     shape.process, tuple) else shape.process
                 full = not shape.goes_on or process not in self.tracebacks
