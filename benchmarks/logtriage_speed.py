@@ -8,6 +8,7 @@ process and reads its peak RSS. The mixes (`--mix all` runs each):
 - access: only access lines, with new ports, paths and statuses (2xx, 4xx).
 - startup: only that run's lines that are neither access nor metric lines (start-up messages).
 - unique: every line of its own shape (random words and numbers at INFO level): nothing repeats.
+- requests: vLLM's `--enable-log-requests` lines: each prompt and its token ids new, 0.5-4 KB.
 - warnings: WARNING lines (every one is read in full).
 - tracebacks: 40-frame tracebacks logged by a worker that stays up (every line is read in full).
 - colour: the service mix with ANSI colours, as `docker logs` of a terminal keeps them.
@@ -65,6 +66,16 @@ def _unique(rng: random.Random) -> Callable[[], str]:
     return line
 
 
+def _requests(rng: random.Random) -> Callable[[], str]:
+    def line() -> str:
+        prompt = " ".join(rng.choice(WORDS) for _ in range(rng.randrange(30, 300)))
+        ids = ", ".join(str(rng.randrange(152_000)) for _ in range(rng.randrange(40, 400)))
+        return (f"(APIServer pid=7) INFO 12-05 02:00:00 [logger.py:49] Received request cmpl-{rng.getrandbits(64):016x}-0: "
+                f"prompt: '{prompt}', params: SamplingParams(n=1, temperature=0.7, top_p=0.8, max_tokens="
+                f"{rng.randrange(16, 2048)}), prompt_token_ids: [{ids}], lora_request: None.\n")
+    return line
+
+
 def _warnings(rng: random.Random) -> Callable[[], str]:
     return lambda: (f"(EngineCore_DP0 pid=42) WARNING 12-05 02:00:00 [{rng.choice(WORDS)}.py:{rng.randrange(999)}] "
                     f"{rng.choice(WORDS)} {rng.choice(WORDS)} is slow: {rng.random():.3f} s\n")
@@ -85,7 +96,7 @@ def _colour(rng: random.Random) -> Callable[[], str]:
 
 
 MIXES: dict[str, Callable[[random.Random], Callable[[], str]]] = {
-    "service": _service, "access": _access, "startup": _startup, "unique": _unique,
+    "service": _service, "access": _access, "startup": _startup, "unique": _unique, "requests": _requests,
     "warnings": _warnings, "tracebacks": _tracebacks, "colour": _colour}
 
 

@@ -24,7 +24,8 @@ PREFIXES = [b"", b"(APIServer pid=7) ", b"(EngineCore_DP0 pid=1234) ", b"(Worker
             b"INFO 12-05 01:02:03 [api_server.py:1] ", b"WARNING 12-05 01:02:03 [x.py:9] ",
             b"ERROR 12-05 01:02:03 [core.py:13] ", b"CRITICAL 12-05 01:02:03 [core.py:13] ", b"INFO:     ", b"2026-12-05T01:02:03.123Z ",
             b"Dec 05 01:02:03 host vllm[137]: ", b"(APIServer pid=7) INFO 12-05 01:02:03 [a.py:1] "]
-FRAGMENTS = [b"137", b"-9", b": -9}", b"(exit code: -9)", b"died with exit code -9", b"Kil1led", b"Killed", b"HTTP/", b'"GET /v1/models HTTP/1.1" 200 OK',
+FRAGMENTS = [b"137", b"-9", b": -9}", b"(exit code: -9)", b"died with exit code -9", b"exited with code 137",
+             b"fp8e4nv not supported", b"Failed core proc(s): {'EngineCore_DP0': -9}", b"Kil1led", b"Killed", b"HTTP/", b'"GET /v1/models HTTP/1.1" 200 OK',
              b'"POST /v1/completions HTTP/1.1" 500 Internal Server Error', b'"GET /a\xe3\x80\x80b HTTP/1.1" 200',
              b"Traceback (most recent call last):", b"  File \"x.py\", line 1, in load_model", b"RuntimeError: x",
              b"\x1b[32m", b"\x1b]0;title\x07", b"\r", b"\t", b"\x00", b"\x7f", b"\xff\xfe", b"\xe2\x80\xae",
@@ -103,7 +104,7 @@ def test_a_full_shape_memory_is_emptied_and_the_verdict_stays(monkeypatch):
 
 
 @pytest.mark.parametrize("line, word", [
-    (b"INFO 12-05 01:02:03 [x.py:1] worker exited with code 137\n", "137"),
+    (b"INFO 12-05 01:02:03 [x.py:1] type fp8e4nv not supported in this architecture\n", "fp8e4nv"),
     (b'(APIServer pid=7) INFO:     127.0.0.1:1 - "GET /v1/models HTTP/1.1" 503 Service Unavailable\n', "5xx"),
 ])
 def test_words_with_digits_are_looked_for_in_the_raw_line(line, word):

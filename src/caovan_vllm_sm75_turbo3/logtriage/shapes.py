@@ -8,7 +8,11 @@ digit alike (`\\d`, `isdigit`), so every line of one shape cleans to a text of t
 level, empty or not alike, and a word without digits is in one exactly where it is in the others.
 Words with digits (`137`, `" HTTP/1.1" 5`) are looked for in the raw line itself: a raw line holds
 everything its cleaned text holds, so that can only send a line the long way round, never skip one.
-A new shape's words are looked for among those found in its block of lines (`Shapes.find`), once.
+
+A new shape is learnt from its first line. The words that may be in a block's new lines are looked
+for once in them all (`Shapes.find`); a line holding none of them is then told at sight, without
+being cleaned (`Shapes.at_sight`), the others are cleaned and sorted among those found
+(`Shapes.learn`). `tests/test_logtriage_fast_path.py` holds every verdict equal to the full path's.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ class Shape(NamedTuple):   # a tuple: made for every new shape, so made cheaply
     process: str | tuple[int, int] | None = None   # its process: the name, or where it stands (digits)
 
 
-_EMPTY = Shape(True, False, (), None, ())
+_EMPTY = Shape(True, False, (), None, ())   # a line that cleans to nothing: skipped, as read_lines does
 
 
 class DigitWord(NamedTuple):

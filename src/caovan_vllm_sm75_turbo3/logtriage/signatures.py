@@ -376,7 +376,7 @@ SIGNATURES: tuple[Signature, ...] = (
         shown=('a `Killed` line, `exited with code 137`, `Out of memory: Killed process`, '
                '`Failed core proc(s): {...: -9}`'),
         title="a process was killed by the host's out-of-memory killer",
-        needles=("Killed", "137", ": -9", "code -9", "oom-kill", "oom_reaper"),
+        needles=("Killed", "exit", "Failed core proc(s)", "oom-kill", "oom_reaper"),   # every form of `confirm`
         confirm=re.compile(r"^Killed\b|\d+ Killed\s|[Oo]ut of memory: Killed process|\boom-kill\b|oom_reaper"
                            r"|exit(?:ed)?(?: with)?(?: exit)? (?:code|status)[ :=]*137\b"
                            r"|Failed core proc\(s\): \{[^}]*: -9[,}]|\(exit code: -9\)|died with exit code -9\b"),
