@@ -31,7 +31,8 @@ FRAGMENTS = [b"137", b"-9", b": -9}", b"(exit code: -9)", b"died with exit code 
              b"\x1b[32m", b"\x1b]0;title\x07", b"\r", b"\t", b"\x00", b"\x7f", b"\xff\xfe", b"\xe2\x80\xae",
              b"Application startup complete.", b"Avg prompt throughput: 1.0 tokens/s", b"sampling.cu",
              b"No available shared memory broadcast block found in 60 seconds", b"[Caovan] warmup=READY",
-             b" ", b"0", b"5", b"version 0.27.0", b"vLLM", b"WARN", b"signal", b"\xe3\x80\x80"]
+             b" ", b"0", b"5", b"version 0.27.0", b"vLLM", b"WARN", b"signal", b"\xe3\x80\x80", b"[shutdown] x",
+             b"Shutting down", b"Segmentation fault", b"default", b"Application startup complete."]
 
 
 def _shapes() -> shapes_mod.Shapes:
@@ -190,4 +191,4 @@ def test_every_word_feed_looks_for_is_a_trigger():
     triggers = set(triage_mod._TRIGGERS)
     assert {n for n, _ in triage_mod._NEEDLES} <= triggers
     assert {m for m, _ in triage_mod.PHASE_MARKERS} <= triggers
-    assert set(triage_mod.SHUTDOWN_MARKERS) | set(triage_mod._FATAL_HINTS) | {"Caovan", "HTTP/", "Traceback"} <= triggers
+    assert set(triage_mod.SHUTDOWN_MARKERS) | set(triage_mod._FATAL_WORDS) | {"Caovan", "HTTP/", "Traceback"} <= triggers

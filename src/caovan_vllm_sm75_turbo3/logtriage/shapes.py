@@ -45,6 +45,7 @@ class Shape(NamedTuple):   # a tuple: made for every new shape, so made cheaply
     #                                only); None: not learnt yet (see Shapes.at_sight)
     pins: str | None = None     # the phase its traceback frame pins
     process: str | tuple[int, int] | None = None   # its process: the name, or where it stands (digits)
+    marks: bool = False         # its only trigger words are marks (a shutdown's): see Shapes.__init__
 
 
 _EMPTY = Shape(True, False, (), None, ())   # a line that cleans to nothing: skipped, as read_lines does
@@ -73,7 +74,9 @@ class Shapes:
 
     def __init__(self, triggers: tuple[str, ...], needles: tuple[tuple[str, int], ...],
                  access: re.Pattern[str], access_word: str, loud: tuple[str, ...],
-                 goes_on: Callable[[str], tuple[bool, str | None]]) -> None:
+                 goes_on: Callable[[str], tuple[bool, str | None]], marks: tuple[str, ...] = ()) -> None:
+        """`marks`: trigger words that only mark a moment (a shutdown's start), which the reader
+        notes itself: a line whose only trigger words they are is not read in full for them."""
         words = [t for t in triggers if not _DIGIT.search(t)]
         # A word that holds another ("GatedRepoError" holds "rror") can only be where that one is:
         # each is looked for only where the first root it holds was found.
@@ -91,6 +94,7 @@ class Shapes:
         self._loud = loud
         self._loud_bytes = tuple(level.encode() for level in loud)
         self._goes_on = goes_on
+        self._marks = frozenset(marks)
         self.seen: dict[bytes, Shape] = {}
 
     @staticmethod
@@ -144,13 +148,13 @@ class Shapes:
         return shape
 
     def _quiet_shape(self, digit_words: tuple[DigitWord, ...], goes_on: bool | None, pins: str | None,
-                     process: str | tuple[int, int] | None) -> Shape:
-        """A shape holding no trigger word: a few shared answers."""
-        quiet = self._quiet.get((digit_words, goes_on, pins, process))
+                     process: str | tuple[int, int] | None, marks: bool = False) -> Shape:
+        """A shape holding no trigger word but marks: a few shared answers."""
+        quiet = self._quiet.get((digit_words, goes_on, pins, process, marks))
         if quiet is None:
             raw_words, digit_needles = _parts(digit_words)
-            quiet = self._quiet[digit_words, goes_on, pins, process] = Shape(
-                False, False, raw_words, None, digit_needles, goes_on, pins, process)
+            quiet = self._quiet[digit_words, goes_on, pins, process, marks] = Shape(
+                False, False, raw_words, None, digit_needles, goes_on, pins, process, marks)
         return quiet
 
     def _sort(self, key: bytes, ln: LogLine, found: Found) -> Shape:
@@ -162,8 +166,8 @@ class Shapes:
         digit_words = tuple(d for d in found.digit_words if d.shaped in key)
         goes_on, pins = self._goes_on(text) if key.isascii() else (False, None)
         process = _process(key, ln.process) if goes_on else None
-        if not (words or loud):
-            return self._quiet_shape(digit_words, goes_on, pins, process)
+        if not loud and self._marks.issuperset(words):
+            return self._quiet_shape(digit_words, goes_on, pins, process, bool(words))
         full = loud or words != [self._access_word]
         status = None
         if not full:

@@ -42,14 +42,14 @@ NOT_FAILURES = ("KeyboardInterrupt", "SystemExit", "CancelledError")
 # A shutdown someone asked for (Ctrl-C, SIGTERM): vLLM 0.27+ tags its steps "[shutdown]" and may then
 # log EngineDeadError from a force-killed engine core; uvicorn says "Shutting down" in every release.
 SHUTDOWN_MARKERS = ("[shutdown]", "Shutting down", "received signal=SIGINT", "received signal=SIGTERM")
-# Lines that end a process without a Python exception: the interpreter's and the shell's words for signals.
-FATAL_SIGNAL = re.compile(r"Fatal Python error|Segmentation fault|\bSIG(?:SEGV|ABRT|BUS|ILL|FPE)\b|core dumped"
-                          r"|terminated by signal|died with signal")
+# Lines that end a process without a Python exception: the interpreter's and the shell's words for
+# signals (a signal's name as a whole word). The regex runs only where one of the words is there.
+_FATAL_WORDS = ("Fatal Python error", "Segmentation fault", "SIGSEGV", "SIGABRT", "SIGBUS", "SIGILL", "SIGFPE",
+                "core dumped", "terminated by signal", "died with signal")
+FATAL_SIGNAL = re.compile("|".join(rf"\b{w}\b" if w.startswith("SIG") else re.escape(w) for w in _FATAL_WORDS))
 # Every needle with its signature's position: one pass of `in` over these picks the candidates,
 # which is what keeps a 20 MB log at seconds.
 _NEEDLES: tuple[tuple[str, int], ...] = tuple((n, i) for i, sig in enumerate(SIGNATURES) for n in sig.needles)
-# Cheap words one of which every FATAL_SIGNAL match holds: the regex runs only where one is there.
-_FATAL_HINTS = ("Fatal", "fault", "SIG", "dumped", "signal")
 
 # Start-up phases, from vLLM 0.21's and 0.34's progress messages (later matches win).
 PHASE_MARKERS: tuple[tuple[str, str], ...] = (
@@ -67,7 +67,7 @@ PHASE_MARKERS: tuple[tuple[str, str], ...] = (
 # _read_block rests on this list: a word `feed` reacts to and missing here would go unseen).
 _TRIGGERS: tuple[str, ...] = tuple(dict.fromkeys((
     *(n for n, _ in _NEEDLES), *(m for m, _ in PHASE_MARKERS), "Caovan", "version", "Traceback",
-    "rror", "ailed", "FAILED", *_FATAL_HINTS, "HTTP/", *SHUTDOWN_MARKERS, "Application startup complete",
+    "rror", "ailed", "FAILED", *_FATAL_WORDS, "HTTP/", *SHUTDOWN_MARKERS, "Application startup complete",
     "init engine (profile, create kv cache, warmup model) took")))
 # The levels that make `feed` do more than count a line holding none of _TRIGGERS: a CRITICAL line
 # is an alarm. A WARNING or ERROR line matters only through its words (an error-context needle).
@@ -243,7 +243,7 @@ class _Reader:
         # Open tracebacks by process: lines of other processes may come between a traceback's lines.
         self.tracebacks: dict[str | None, str | None] = {}   # process -> phase pinned by its frames
         self.recent: deque[str | bytes] = deque(maxlen=CONTEXT_LINES)   # bytes: not cleaned yet
-        self.shapes = Shapes(_TRIGGERS, _NEEDLES, ACCESS, "HTTP/", _LOUD_LEVELS, goes_on_traceback)
+        self.shapes = Shapes(_TRIGGERS, _NEEDLES, ACCESS, "HTTP/", _LOUD_LEVELS, goes_on_traceback, SHUTDOWN_MARKERS)
         self.findings: dict[str, Finding] = {}
         self.pending: list[_Hit] = []
         self.frame_hits: dict[str | None, _Hit] = {}   # process -> a match in its open traceback's frames
@@ -314,6 +314,8 @@ class _Reader:
                 self.feed(ln or clean(raw.decode("utf-8", "replace"), number))
                 continue
             self.lines = number
+            if shape.marks and self.shutdown_line is None and self.ready_line is not None:
+                self.shutdown_line = number   # as `feed` notes it
             if shape.status is not None:
                 self._count_status(int(raw[shape.status]), number, raw)
             self.recent.append(raw)   # cleaned only if something reads it (_recent)
@@ -341,7 +343,7 @@ class _Reader:
                 self._note_unknown_exception(ln, tb_phase)
         elif not matched and self.first_alarm is None and not own_state and (
                 ln.level == "CRITICAL" or text.startswith("AssertionError")
-                or (any(h in text for h in _FATAL_HINTS) and FATAL_SIGNAL.search(text))):
+                or (any(w in text for w in _FATAL_WORDS) and FATAL_SIGNAL.search(text))):
             self.first_alarm = (ln, tb_phase or self.phase or "")
         self._track_http(ln)
         if self.shutdown_line is None and self.ready_line is not None and any(m in text for m in SHUTDOWN_MARKERS):
