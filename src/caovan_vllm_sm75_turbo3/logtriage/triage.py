@@ -306,7 +306,7 @@ class _Reader:
                     shape = shapes.learn(key, ln, shapes.find([raw]))
                 process = raw[shape.process[0]:shape.process[1]].decode() if isinstance(
                     shape.process, tuple) else shape.process
-                full = not shape.goes_on or process not in self.tracebacks
+                full = shape.full or not shape.goes_on or process not in self.tracebacks
                 if not full and shape.pins and self.tracebacks[process] is None:
                     self.tracebacks[process] = shape.pins
             if full:
