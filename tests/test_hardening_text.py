@@ -109,7 +109,7 @@ SECRET_TEXTS = [(HF, "downloading with {}"), ("p4ssw0rd", "from https://u:{}@hub
 def test_doctor_log_prints_no_secret_and_no_control_wherever_the_log_holds_them(secret, around, line):
     """Every printed form of a log line (the finding's excerpt, the first failure, --json) is
     redacted and escaped, whichever kind of line the secret and the hostile text sit in."""
-    from helpers.hostile import run_main
+    from helpers.hostile import TRACEBACK, run_main
 
     from caovan_vllm_sm75_turbo3.cli import doctor
     value, template = secret
@@ -120,7 +120,7 @@ def test_doctor_log_prints_no_secret_and_no_control_wherever_the_log_holds_them(
         plain = run_main(doctor.PROG, doctor.main, ["--log", str(log)])
         as_json = run_main(doctor.PROG, doctor.main, ["--log", str(log), "--json"])
     for r in (plain, as_json):
-        assert r.code in (0, 1, 2) and "Traceback" not in r.out + r.err
+        assert r.code in (0, 1, 2) and TRACEBACK not in r.out + r.err
         assert value not in r.out + r.err
         assert all(_printable(ln) for ln in (r.out + r.err).splitlines())
     if as_json.code == 2 and not as_json.out:   # a NUL byte: refused as "not a text log", one line
