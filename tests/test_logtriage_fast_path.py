@@ -178,6 +178,16 @@ def test_a_line_whose_unicode_space_end_leaves_only_a_prefix_is_no_line(line):
     assert fast == slow and fast["lines"] == 2
 
 
+def test_what_the_shapes_remember_stays_bounded(monkeypatch):
+    """A new process name on every line of a traceback: the shared answers are bounded too."""
+    monkeypatch.setattr(shapes_mod, "MAX_SHAPES", 8)
+    reader = triage_mod._Reader()
+    lines = [b"Traceback (most recent call last):"] + [
+        f"(P{chr(97 + i % 26)}{chr(97 + i // 26 % 26)}{chr(97 + i // 676)} pid=1)   x = y".encode() for i in range(500)]
+    reader.read(list(enumerate(lines, 1)))
+    assert len(reader.shapes.seen) <= 8 and len(reader.shapes._quiet) <= 8
+
+
 def test_a_line_with_control_characters_has_no_shape():
     shapes = _shapes()
     assert shapes.key(b"INFO x\x1b[0m y") is None

@@ -152,6 +152,8 @@ class Shapes:
         """A shape holding no trigger word but marks: a few shared answers."""
         quiet = self._quiet.get((digit_words, goes_on, pins, process, marks))
         if quiet is None:
+            if len(self._quiet) >= MAX_SHAPES:   # a new process name per line: still bounded
+                self._quiet.clear()
             raw_words, digit_needles = _parts(digit_words)
             quiet = self._quiet[digit_words, goes_on, pins, process, marks] = Shape(
                 False, False, raw_words, None, digit_needles, goes_on, pins, process, marks)
