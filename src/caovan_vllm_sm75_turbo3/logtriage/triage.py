@@ -286,8 +286,8 @@ class _Reader:
         found = shapes.find(new) if new else None
         for number, raw, key, shape in rows:
             if key is None:   # other control characters or `\r` inside: cleaned and read in full
+                self.needles = _NEEDLES   # `_match` keeps those in the text
                 for piece in line_pieces(number, raw):
-                    self.needles = tuple((n, i) for n, i in _NEEDLES if n in piece.text)
                     self.feed(piece)
                 continue
             ln = None
@@ -468,10 +468,11 @@ class _Reader:
 
     def _kernel_name(self) -> dict[str, str]:
         """The Triton kernel a shared-memory error is about: its launch line in the traceback above."""
-        for text in reversed(self._recent()):
+        recent = self._recent()
+        for text in reversed(recent):
             if m := KERNEL_LAUNCH.search(text):
                 return {"kernel": m.group("kernel")}
-        for text in reversed(self.recent):
+        for text in reversed(recent):
             if (m := FRAME.search(text)) and "/triton/" not in m.group("path"):
                 return {"kernel": m.group("func")}
         return {}
