@@ -210,16 +210,18 @@ def standalone_module(text: str, kernel: str, ops: dict[str, str], origin: str) 
     return "".join(head) + ("\n" + "".join(helpers) if helpers else "") + "\n\n" + body
 
 
-def turing_configs(text: str, kernel: str) -> list[dict[str, Any]]:
+def turing_configs(text: str, kernel: str, stages: bool = False) -> list[dict[str, Any]]:
     """The kernel's autotune list as a 2080 Ti evaluates it, reduced to distinct (tile constexprs,
-    num_warps): the turbo build always uses one stage, so num_stages does not make another build."""
+    num_warps): the turbo build always uses one stage, so num_stages does not make another build.
+    With `stages`, each config keeps its num_stages: every build stock Triton's autotuner makes."""
     tree = ast.parse(text)
     node = _function(tree, kernel)
     tune = next(d for d in node.decorator_list if isinstance(d, ast.Call)
                 and ast.unparse(d.func) == "triton.autotune")
     configs = next(k.value for k in tune.keywords if k.arg == "configs")
     space: dict[str, Any] = dict(TURING)
-    space["triton"] = SimpleNamespace(Config=lambda kw, num_warps=4, num_stages=2: {**kw, "num_warps": num_warps})
+    space["triton"] = SimpleNamespace(Config=lambda kw, num_warps=4, num_stages=2: {
+        **kw, "num_warps": num_warps, **({"num_stages": num_stages} if stages else {})})
     for n in tree.body:   # module constants the list may read (BKV_LIST, NUM_WARPS, ...), Turing's values
         if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name):
             try:

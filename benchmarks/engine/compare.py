@@ -2,6 +2,8 @@
 plain greedy. Pure Python (no vLLM): the unit tests run it on CPU.
 
     python3 compare.py OUTDIR --shim native|sm75     # prints the summary JSON
+    python3 compare.py OUTDIR --shim sm75 --on on-custom --off on   # any two runs: our attention
+                                                                    # backend against stock TRITON_ATTN
 
 Greedy tokens are compared prompt by prompt. Where two runs part, the first differing step is
 explained when, in each run, the other run's token is its second choice and the margin between
@@ -84,36 +86,43 @@ def gdn_served(run: dict[str, Any]) -> dict[str, Any]:
             "all_served": ops > 0 and census.get("ours") == ops and len(calls) == ops and min(calls) > 0}
 
 
-def _tok_s(run: dict[str, Any]) -> dict[str, float]:
-    """Every tok/s figure of a run, by row name."""
-    rows = {name: row["tok_s"] for name, row in (run.get("speed") or {}).items()}
-    long = run.get("long_context")
-    if long:
-        rows[f"late_chunk_{long['tokens']}"] = long["late_chunk_tok_s"]
-        rows[f"decode_at_{long['tokens']}"] = long["decode_tok_s"]
+def _tok_s(run: dict[str, Any]) -> dict[str, tuple[float, float | None]]:
+    """Every tok/s figure of a run, by row name, with its spread (None where it was timed once)."""
+    rows = {name: (row["tok_s"], row.get("spread")) for name, row in (run.get("speed") or {}).items()}
+    long = run.get("long_context") or []
+    for row in [long] if isinstance(long, dict) else long:   # one row (before 2026-12-06) or a list
+        n = row["tokens"]
+        if "prefill_tok_s" in row:
+            rows[f"prefill_whole_{n}"] = (row["prefill_tok_s"], None)
+        rows[f"late_chunk_{n}"] = (row["late_chunk_tok_s"], (row.get("late_chunk") or {}).get("spread"))
+        rows[f"decode_at_{n}"] = (row["decode_tok_s"], (row.get("decode") or {}).get("spread"))
     return rows
 
 
 def speed_rows(on: dict[str, Any], off: dict[str, Any]) -> dict[str, Any]:
-    """tok/s of each speed row, on and off, and on/off."""
+    """tok/s of each speed row, on and off, on/off, and each side's spread over its repeats."""
     mine, peer = _tok_s(on), _tok_s(off)
-    return {name: {"on_tok_s": v, "off_tok_s": peer[name], "ratio": v / peer[name]}
-            for name, v in mine.items() if peer.get(name)}
+    return {name: {"on_tok_s": v, "off_tok_s": peer[name][0], "ratio": v / peer[name][0],
+                   "on_spread": spread, "off_spread": peer[name][1]}
+            for name, (v, spread) in mine.items() if peer.get(name) and peer[name][0]}
 
 
-def summarize(outdir: Path, shim: str) -> dict[str, Any]:
-    """The summary of one run_device.sh call; `problems` is empty when everything held."""
+def summarize(outdir: Path, shim: str, on_name: str = "on", off_name: str = "off", tag: str = "") -> dict[str, Any]:
+    """The summary of one run_device.sh call: run `on_name` against `off_name` (and n-gram against
+    plain greedy); `problems` is empty when everything held. Where the second run has the plugin
+    on too (another attention backend), both must have every GDN layer on our prefill."""
     def load(name: str) -> dict[str, Any] | None:
-        path = outdir / f"{shim}-{name}.json"
+        path = outdir / f"{shim}-{name}{tag}.json"
         return json.loads(path.read_text()) if path.is_file() else None
 
-    on, off, ngram = load("on"), load("off"), load("on-ngram")
+    on, off, ngram = load(on_name), load(off_name), load("on-ngram")
     problems: list[str] = []
-    summary: dict[str, Any] = {"shim": shim, "runs": {k: v is not None for k, v in
-                                                      (("on", on), ("off", off), ("on-ngram", ngram))}}
+    summary: dict[str, Any] = {"shim": shim, "on": on_name, "off": off_name,
+                               "runs": {k: v is not None for k, v in ((on_name, on), (off_name, off), ("on-ngram", ngram))}}
     if on is None or off is None:
-        problems.append("a run of plugin on or off wrote no result (see its log)")
+        problems.append(f"run {on_name if on is None else off_name} wrote no result (see its log)")
     else:
+        summary["engine_start_s"] = {"on": on.get("engine_start_s"), "off": off.get("engine_start_s")}
         summary["on_vs_off"] = compare_runs(on, off)
         summary["gdn_on"] = gdn_served(on)
         summary["gdn_off"] = gdn_served(off)
@@ -122,14 +131,17 @@ def summarize(outdir: Path, shim: str) -> dict[str, Any]:
         summary["speed"] = speed_rows(on, off)
         summary["kv_capacity_tokens"] = {k: (r.get("kv_capacity") or {}).get("tokens") for k, r in (("on", on), ("off", off))}
         if not summary["on_vs_off"]["all_explained"]:
-            problems.append("plugin on and off part at a step the margins do not explain")
+            problems.append(f"{on_name} and {off_name} part at a step the margins do not explain")
         if not summary["gdn_on"]["all_served"]:
-            problems.append("not every GDN layer ran our prefill with the plugin on")
-        if summary["gdn_off"]["ours"]:
-            problems.append("our prefill ran with the plugin off")
+            problems.append(f"not every GDN layer ran our prefill in {on_name}")
+        if off.get("plugin_loaded", False):
+            if not summary["gdn_off"]["all_served"]:
+                problems.append(f"not every GDN layer ran our prefill in {off_name}")
+        elif summary["gdn_off"]["ours"]:
+            problems.append(f"our prefill ran with the plugin off ({off_name})")
         if not summary["prefix_cached_tokens"]["on"]:
             problems.append("the repeated prefix was not served from the prefix cache")
-    if ngram is not None and on is not None:
+    if ngram is not None and on is not None and on_name == "on":
         plain = dict(on, completions=on["completions"][:len(ngram["completions"])])
         summary["ngram_vs_greedy"] = compare_runs(ngram, plain)
         if not summary["ngram_vs_greedy"]["all_explained"]:
@@ -142,8 +154,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("outdir", type=Path)
     parser.add_argument("--shim", choices=("native", "sm75"), default="native")
+    parser.add_argument("--on", default="on", help="the run judged (default on)")
+    parser.add_argument("--off", default="off", help="the run it is judged against (default off)")
+    parser.add_argument("--tag", default="", help="the TAG run_device.sh added to the runs' names")
     args = parser.parse_args(argv)
-    summary = summarize(args.outdir, args.shim)
+    summary = summarize(args.outdir, args.shim, args.on, args.off, args.tag)
     print(json.dumps(summary, indent=1))
     return 1 if summary["problems"] else 0
 

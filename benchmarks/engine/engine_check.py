@@ -12,7 +12,11 @@ before vLLM is imported:
 - `--device cpu` runs the same requests on vLLM's CPU build (no capability report, no shim, eager,
   bfloat16): the serve lane checks this script's use of vLLM's API there.
 Plugin on or off is decided by the caller: our wheel on PYTHONPATH or not (or `VLLM_PLUGINS` naming
-another plugin); `plugin_loaded` in the JSON says which it was.
+another plugin); `plugin_loaded` in the JSON says which it was. Both runs get the same environment
+(ENGINE_ENV), so they differ by the plugin alone.
+
+Progress goes to stdout (`engine_check: ...`, one line a step). A run that may hang can dump every
+thread's stack to stderr every N seconds: ENGINE_CHECK_STACKS=N.
 
     python3 engine_check.py --model DIR --out FILE.json [--shim native|sm75] [--speed] [--ngram]
 """
@@ -22,7 +26,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import faulthandler
 import random
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -36,15 +42,42 @@ SHARED_PREFIX = 2048
 GEN_TOKENS = 32
 SPEED_PREFILL = (8192, 32768)
 DECODE_TOKENS = 256
+REPEATS = 3   # timed repeats of each speed row, after one untimed warm-up
+# Turing's limits as Triton's driver reports them (RTX 2080 Ti: 64 KiB of shared memory a block
+# with opt-in, 68 SMs). In sm75 mode Triton and FLA must see these, not the H100's 228 KiB and
+# 132 SMs: FLA picks its tiles by shared memory (check_shared_mem), Triton refuses a launch over it.
+TURING_PROPERTIES = {"max_shared_mem": 65536, "multiprocessor_count": 68}
+# Set in both runs, plugin on and off: vLLM's FlashInfer sampler JIT-builds for the reported
+# capability and dies there (the plugin sets this itself when on; off must not differ by it).
+ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0",   # one process: our patches reach the engine
+              "TORCHINDUCTOR_COMPILE_THREADS": "1",     # no compile workers without the shim
+              "VLLM_USE_FLASHINFER_SAMPLER": "0"}
 
 
-def report_turing(capability: tuple[int, int]) -> None:
-    """Report `capability` to torch, NVML and vLLM; Triton keeps the real one for its target."""
+def progress(message: str) -> None:
+    """One progress line on stdout, with the seconds since the process started."""
+    print(f"engine_check: [{time.perf_counter() - STARTED:7.1f} s] {message}", flush=True)
+
+
+STARTED = time.perf_counter()
+
+
+def report_turing(capability: tuple[int, int], inductor_real: bool) -> None:
+    """Report `capability` to torch, NVML and vLLM; Triton keeps the real one for its target.
+
+    With `inductor_real`, torch inductor still reads the real capability (its device interface),
+    so the code it builds through Triton is for the GPU in hand (native mode: no shim loads sm_75
+    code there)."""
     import torch
     from triton.runtime import driver
 
     driver.active.get_current_target()   # Triton's driver keeps the real query, taken before the patch
+    real = torch.cuda.get_device_capability()
     torch.cuda.get_device_capability = lambda device=None: capability
+    if inductor_real:
+        from torch._dynamo.device_interface import CudaInterface
+
+        CudaInterface.get_compute_capability = staticmethod(lambda device=None: real[0] * 10 + real[1])
     try:
         import pynvml
         pynvml.nvmlDeviceGetCudaComputeCapability = lambda handle: capability
@@ -58,6 +91,16 @@ def report_turing(capability: tuple[int, int]) -> None:
         lambda cls, device_id=0: DeviceCapability(*capability))
 
 
+def report_turing_limits(utils: Any) -> None:
+    """Make Triton's `utils.get_device_properties` report TURING_PROPERTIES over the real ones."""
+    real = utils.get_device_properties
+
+    def turing_properties(device: Any) -> dict[str, Any]:
+        return {**real(device), **TURING_PROPERTIES}
+
+    utils.get_device_properties = turing_properties
+
+
 def install_sm75_shim() -> dict[str, int]:
     """Make Triton build for sm_75 and load the PTX through the driver's JIT. Returns a live count
     of the kernels so built."""
@@ -67,6 +110,7 @@ def install_sm75_shim() -> dict[str, int]:
 
     built = {"kernels": 0}
     driver.active.get_current_target = lambda: GPUTarget("cuda", 75, 32)
+    report_turing_limits(driver.active.utils)
     add_stages = CUDABackend.add_stages
 
     def add_stages_sm75(self: Any, stages: dict, options: Any, *rest: Any) -> None:
@@ -171,34 +215,65 @@ def one_and_many() -> tuple[Any, Any]:
             SamplingParams(temperature=0.0, max_tokens=DECODE_TOKENS + 1, ignore_eos=True, detokenize=False))
 
 
-def speed(llm: Any, rng: random.Random, ids: tuple[int, int]) -> dict[str, Any]:
-    """Prefill tok/s for each SPEED_PREFILL length (fresh prompts: no cache hit; best of 2) and
-    single-stream decode tok/s (the time of DECODE_TOKENS+1 tokens less that of 1, same length)."""
+def rates(work: float, seconds: list[float]) -> dict[str, Any]:
+    """A speed row from repeated timings of the same `work` (tokens): the median rate (`tok_s`),
+    the slowest and fastest, and their spread over the median."""
+    r = sorted(work / t for t in seconds)
+    med = statistics.median(r)
+    return {"seconds": seconds, "tok_s": med, "tok_s_min": r[0], "tok_s_max": r[-1], "spread": (r[-1] - r[0]) / med}
+
+
+def speed(llm: Any, rng: random.Random, ids: tuple[int, int], repeats: int = REPEATS) -> dict[str, Any]:
+    """Prefill tok/s for each SPEED_PREFILL length (fresh prompts: no cache hit) and single-stream
+    decode tok/s (the time of DECODE_TOKENS+1 tokens less that of 1, same length): one untimed
+    warm-up, then `repeats` timings of each, reported as median and spread."""
     one, many = one_and_many()
     rows: dict[str, Any] = {}
     for n in SPEED_PREFILL:
-        times = [timed(llm, [random_prompt(rng, n, ids)], one)[0] for _ in range(2)]
-        rows[f"prefill_{n}"] = {"seconds": times, "tok_s": n / min(times)}
-    t1 = min(timed(llm, [random_prompt(rng, 1024, ids)], one)[0] for _ in range(2))
-    tn = min(timed(llm, [random_prompt(rng, 1024, ids)], many)[0] for _ in range(2))
-    rows["decode_1024"] = {"seconds_first": t1, "seconds_all": tn, "tok_s": DECODE_TOKENS / (tn - t1)}
+        timed(llm, [random_prompt(rng, n, ids)], one)
+        rows[f"prefill_{n}"] = rates(n, [timed(llm, [random_prompt(rng, n, ids)], one)[0] for _ in range(repeats)])
+        progress(f"prefill {n}: {rows[f'prefill_{n}']['tok_s']:,.0f} tok/s (spread {rows[f'prefill_{n}']['spread']:.1%})")
+    timed(llm, [random_prompt(rng, 1024, ids)], many)
+    decode = []
+    for _ in range(repeats):
+        prompt = random_prompt(rng, 1024, ids)
+        t1 = timed(llm, [prompt], one)[0]
+        tn = timed(llm, [random_prompt(rng, 1024, ids)], many)[0]
+        decode.append(max(tn - t1, 1e-9))
+    rows["decode_1024"] = rates(DECODE_TOKENS, decode)
+    progress(f"decode at 1024: {rows['decode_1024']['tok_s']:,.1f} tok/s (spread {rows['decode_1024']['spread']:.1%})")
     return rows
 
 
-def long_context(llm: Any, rng: random.Random, ids: tuple[int, int], n: int, chunk: int) -> dict[str, Any]:
-    """Prefill tok/s of the last `chunk` of an `n`-token prompt and decode tok/s at that depth.
+def long_context(llm: Any, rng: random.Random, ids: tuple[int, int], n: int, chunk: int,
+                 repeats: int = REPEATS) -> dict[str, Any]:
+    """Prefill tok/s of an `n`-token prompt, of its last `chunk` alone, and decode tok/s at that depth.
 
-    The first n - chunk tokens are prefilled once; the whole prompt then hits the prefix cache for
-    them, so its time is that of the last chunk alone, attending to all that came before."""
+    A whole fresh prompt is timed once (`prefill_tok_s`: every chunk, the later ones attending to
+    all before them). Then its first n - chunk tokens are prefilled; the whole prompt hits the
+    prefix cache for them, so its time is that of the last chunk alone (each repeat a new last
+    chunk on the same head). Decode: the time of DECODE_TOKENS+1 tokens less that of 1."""
     one, many = one_and_many()
-    prompt = random_prompt(rng, n, ids)
-    t_head, _ = timed(llm, [prompt[:n - chunk]], one)
-    t_last, outs = timed(llm, [prompt], one)
-    t_hit, _ = timed(llm, [prompt], one)          # all cached but the last block: the baseline for decode
-    t_all, _ = timed(llm, [prompt], many)
-    return {"tokens": n, "chunk": chunk, "seconds_head": t_head, "cached_before_last_chunk": outs[0].num_cached_tokens,
-            "late_chunk_tok_s": (n - outs[0].num_cached_tokens) / t_last,
-            "decode_tok_s": DECODE_TOKENS / max(t_all - t_hit, 1e-9)}
+    whole = random_prompt(rng, n, ids)
+    t_whole, _ = timed(llm, [whole], one)
+    head = random_prompt(rng, n - chunk, ids)
+    t_head, _ = timed(llm, [head], one)
+    late, decode, cached = [], [], []
+    for _ in range(repeats):
+        prompt = head + random_prompt(rng, chunk, ids)
+        t_last, outs = timed(llm, [prompt], one)
+        cached.append(outs[0].num_cached_tokens)
+        late.append(t_last / max(n - outs[0].num_cached_tokens, 1))   # seconds a token: a hit may be a block short
+        t_hit, _ = timed(llm, [prompt], one)          # all cached but the last block: the baseline for decode
+        t_all, _ = timed(llm, [prompt], many)
+        decode.append(max(t_all - t_hit, 1e-9))
+    row = {"tokens": n, "chunk": chunk, "seconds_whole": t_whole, "prefill_tok_s": n / t_whole,
+           "seconds_head": t_head, "cached_before_last_chunk": cached,
+           "late_chunk": rates(1.0, late), "decode": rates(DECODE_TOKENS, decode)}
+    row["late_chunk_tok_s"], row["decode_tok_s"] = row["late_chunk"]["tok_s"], row["decode"]["tok_s"]
+    progress(f"long context {n}: whole prompt {row['prefill_tok_s']:,.0f} tok/s, last chunk "
+             f"{row['late_chunk_tok_s']:,.0f} tok/s, decode {row['decode_tok_s']:,.1f} tok/s")
+    return row
 
 
 def kv_capacity(llm: Any) -> dict[str, Any]:
@@ -220,9 +295,9 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         kw["attention_config"] = {"backend": args.attention_backend}
     if args.device == "cpu":
         kw.update(dtype="bfloat16", mamba_ssm_cache_dtype="float32", enforce_eager=True,
-                  max_model_len=args.max_model_len or 4096)
+                  max_model_len=args.max_model_len)
     else:
-        kw.update(dtype="float16", max_model_len=args.max_model_len or 40960,
+        kw.update(dtype="float16", max_model_len=args.max_model_len,
                   gpu_memory_utilization=args.gpu_memory_utilization, limit_mm_per_prompt={"image": 0, "video": 0},
                   compilation_config={"cudagraph_mode": args.cudagraph_mode, "cudagraph_capture_sizes": [1, 2, 4, 8]})
     if args.ngram:
@@ -254,25 +329,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--attention-backend", default=None,
                         help="vLLM's attention backend (default on the GPU: TRITON_ATTN; CUSTOM is ours, 0.24+)")
     parser.add_argument("--cudagraph-mode", default="PIECEWISE", help="PIECEWISE (default) or FULL_AND_PIECEWISE")
-    parser.add_argument("--long-context", type=int, default=0, metavar="TOKENS",
-                        help="also time the last --chunk of a prompt this long, and decode at its depth")
+    parser.add_argument("--long-context", type=int, nargs="+", default=[], metavar="TOKENS",
+                        help="for each length: time a whole prompt this long, its last --chunk alone, and "
+                             "decode at its depth (--max-model-len defaults to fit the longest)")
+    parser.add_argument("--repeats", type=int, default=REPEATS, help=f"timed repeats of each speed row (default {REPEATS})")
     args = parser.parse_args(argv)
+    if not args.max_model_len:
+        args.max_model_len = max([4096 if args.device == "cpu" else 40960,
+                                  *(n + DECODE_TOKENS + 64 for n in args.long_context)])
     args.weights = args.weights or ("dummy" if args.device == "cpu" else "scaled")
     if args.device == "gpu" and args.attention_backend is None:
         args.attention_backend = "TRITON_ATTN"   # FlashInfer's JIT would build sm_75 code the GPU cannot run
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")   # one process: our patches reach the engine
-    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")    # no compile workers without the shim
+    for name, value in ENGINE_ENV.items():
+        os.environ.setdefault(name, value)
+    stacks = os.environ.get("ENGINE_CHECK_STACKS")
+    if stacks:
+        faulthandler.dump_traceback_later(float(stacks), repeat=True, file=sys.stderr)
     shim = None
     if args.device == "gpu":
         major, minor = (int(x) for x in args.capability.split("."))
-        report_turing((major, minor))
+        report_turing((major, minor), inductor_real=args.shim == "native")
         shim = install_sm75_shim() if args.shim == "sm75" else None
-    result: dict[str, Any] = {"argv": sys.argv[1:] if argv is None else argv}
+    result: dict[str, Any] = {"argv": sys.argv[1:] if argv is None else argv,
+                              "env": {k: os.environ[k] for k in ENGINE_ENV}}
     from vllm import LLM, SamplingParams
 
+    progress(f"starting the engine ({args.device}, shim {args.shim})")
     t0 = time.perf_counter()
     llm = LLM(**engine_kwargs(args))
     result["engine_start_s"] = time.perf_counter() - t0
+    progress(f"engine up in {result['engine_start_s']:.1f} s")
     result["plugin_loaded"] = "caovan_vllm_sm75_turbo3.plugin.register" in sys.modules
     result["kv_capacity"] = kv_capacity(llm)
     result["census"] = llm.apply_model(gdn_census)[0]
@@ -287,14 +373,16 @@ def main(argv: list[str] | None = None) -> int:
     _, again = timed(llm, prompts[2:], greedy)   # after the first finished: its blocks are cached
     result["completions"] = [completion(o) for o in first + again]
     result["gdn_calls_after_greedy"] = llm.apply_model(gdn_calls)[0]
+    progress(f"greedy done: {len(result['completions'])} prompts x {GEN_TOKENS} tokens")
     if args.speed:
-        result["speed"] = speed(llm, random.Random(2), ids)
+        result["speed"] = speed(llm, random.Random(2), ids, args.repeats)
     if args.long_context:
-        result["long_context"] = long_context(llm, random.Random(3), ids, args.long_context, args.chunk)
+        result["long_context"] = [long_context(llm, random.Random(3 + i), ids, n, args.chunk, args.repeats)
+                                  for i, n in enumerate(args.long_context)]
     if shim is not None:
         result["sm75_ptx_kernels"] = shim["kernels"]
     Path(args.out).write_text(json.dumps(result, indent=1))
-    print(f"engine_check: wrote {args.out}", flush=True)
+    progress(f"wrote {args.out}")
     return 0
 
 

@@ -1,14 +1,18 @@
-"""Pack vLLM 0.21.0 and what it needs for the lent GPU machine, which has no network and takes at
-most 64 MiB per call (the device tool's README). Run here, from the repository root:
+"""Pack a vLLM release and what it needs for the lent GPU machine, which has no network and takes
+at most 64 MiB per call (the device tool's README). Run here, from the repository root:
 
-    python3 benchmarks/engine/pack.py            # writes .carry/ (ignored by git)
+    python3 benchmarks/engine/pack.py                 # vLLM 0.21.0: writes .carry/ (ignored by git)
+    python3 benchmarks/engine/pack.py --vllm 0.24.0   # the first release that serves our attention backend
     python3 benchmarks/engine/pack.py --vllm 0.34.0 --measure-only   # sizes only, for another release
 
 What it writes:
-- `.carry/site.tar.xz`: a `site-packages` for Python 3.12 holding vLLM 0.21.0 (its wheel, less
-  `vllm_flash_attn` (328 MB, unused with TRITON_ATTN), the vendored DeepGEMM and FlashMLA, which a
-  dense model never loads, and the cubins of every architecture but the lent GPU's: see fatbin.py)
-  and the wheels of `carry_wheels.txt` (less xgrammar's static library).
+- `.carry/site.tar.xz`: a `site-packages` for Python 3.12 holding vLLM (its wheel, less the
+  compiled FlashAttention extensions (328 MB, unused with TRITON_ATTN; their Python files stay,
+  because `fa_utils` imports the package at its top, and the package's `__init__` is made not to
+  raise without them), the vendored DeepGEMM, FlashMLA and SM100 attention, the MoE ops and the
+  Rust front end, which an offline dense model never loads, and the cubins of every architecture
+  but the lent GPU's: see fatbin.py) and the wheels of `carry_wheels_<release>.txt` (less
+  xgrammar's static library).
 - `.carry/caovan/`: our own wheel, built from this checkout.
 On the device, `run_device.sh` unpacks them under /tmp and runs the engine check.
 """
@@ -31,9 +35,18 @@ DEVICE_ARCH = 90   # H100 and H200: the cubins the lent machine loads
 DEVICE_TORCH = "2.11.0"   # the lent machine's torch (the device tool's KINDS.md); vLLM's _C is built for one
 LIMIT = 64 << 20   # the device tool's per-call limit, working tree included
 # Parts of the vLLM wheel the offline engine path on a dense hybrid model never imports (vLLM
-# imports `_moe_C` under contextlib.suppress(ImportError); its kernels serve MoE models only).
-DROP = ("vllm/vllm_flash_attn/", "vllm/third_party/deep_gemm/", "vllm/_flashmla_C.abi3.so",
-        "vllm/_flashmla_extension_C.abi3.so", "vllm/_moe_C.abi3.so")
+# imports `_moe_C` (0.21) and `_moe_C_stable_libtorch` (0.24) under a try; their kernels serve MoE
+# models only; `vllm-rs` is 0.24's Rust front end for `vllm serve`). Names absent from a release
+# are no matter.
+DROP = ("vllm/third_party/deep_gemm/", "vllm/third_party/fmha_sm100/", "vllm/_flashmla_C.abi3.so",
+        "vllm/_flashmla_extension_C.abi3.so", "vllm/_moe_C.abi3.so", "vllm/_moe_C_stable_libtorch.abi3.so",
+        "vllm/vllm-rs")
+# vllm_flash_attn: only its Python files travel (fa_utils imports the package at module top).
+FLASH_ATTN = "vllm/vllm_flash_attn/"
+FLASH_ATTN_INIT = FLASH_ATTN + "__init__.py"
+# The guard in that __init__ that raises when neither compiled extension is there (0.21 to 0.24).
+FLASH_ATTN_GUARD = "if not (FA2_AVAILABLE or FA3_AVAILABLE):"
+FLASH_ATTN_UNGUARDED = "if False:  # pack.py: the extensions were left out on purpose; TRITON_ATTN serves"
 PLATFORMS = ("manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_24_x86_64", "manylinux_2_26_x86_64",
              "manylinux_2_27_x86_64", "manylinux_2_28_x86_64", "manylinux_2_31_x86_64", "manylinux1_x86_64",
              "manylinux_2_5_x86_64", "linux_x86_64")
@@ -65,12 +78,32 @@ def torch_pin(wheel: Path) -> str | None:
     return None
 
 
+def carried(name: str) -> bool:
+    """Whether a file of the vLLM wheel travels."""
+    if name.startswith(DROP) or "/__pycache__/" in name:
+        return False
+    return not name.startswith(FLASH_ATTN) or name.endswith(".py")
+
+
+def unguard_flash_attn(init: Path) -> None:
+    """Make vllm_flash_attn's `__init__` import without its compiled extensions. Exits when the
+    guard is not where it was in 0.21-0.24 (a later release: read its __init__ first)."""
+    text = init.read_text()
+    if text.count(FLASH_ATTN_GUARD) != 1:
+        sys.exit(f"pack: {init} has not the one guard `{FLASH_ATTN_GUARD}` this script disables; "
+                 f"read that file and update FLASH_ATTN_GUARD")
+    init.write_text(text.replace(FLASH_ATTN_GUARD, FLASH_ATTN_UNGUARDED))
+
+
 def unpack_vllm(wheel: Path, site: Path) -> None:
-    """vLLM's files, less DROP, with its extensions pruned to DEVICE_ARCH and stripped."""
+    """vLLM's files, less DROP and the FlashAttention extensions, with its extensions pruned to
+    DEVICE_ARCH and stripped."""
     with zipfile.ZipFile(wheel) as zf:
         for name in zf.namelist():
-            if not name.startswith(DROP) and "/__pycache__/" not in name:
+            if carried(name):
                 zf.extract(name, site)
+    if (site / FLASH_ATTN_INIT).is_file():
+        unguard_flash_attn(site / FLASH_ATTN_INIT)
     for so in sorted((site / "vllm").glob("*.so")):
         before = so.stat().st_size
         report = prune_file(so, DEVICE_ARCH)
@@ -102,8 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--vllm", default="0.21.0", help="the vLLM release to pack (default 0.21.0)")
-    parser.add_argument("--wheels", default=str(HERE / "carry_wheels.txt"),
-                        help="the pinned wheels it needs beside the device's packages (default: 0.21.0's)")
+    parser.add_argument("--wheels", default=None,
+                        help="the pinned wheels it needs beside the device's packages "
+                             "(default: carry_wheels_<release>.txt beside this script)")
     parser.add_argument("--measure-only", action="store_true",
                         help="pack vLLM alone, print its size and whether the device's torch fits it")
     parser.add_argument("--out", default=".carry", help="folder to write (default .carry, ignored by git)")
@@ -116,12 +150,15 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(stage, ignore_errors=True)
     site = stage / "site"
     site.mkdir(parents=True)
+    wheels = Path(args.wheels) if args.wheels else HERE / f"carry_wheels_{args.vllm}.txt"
+    if not args.measure_only and not wheels.is_file():
+        sys.exit(f"pack: no list of wheels for vLLM {args.vllm}: {wheels} (write one, or pass --wheels)")
     wheel = vllm_wheel(cache, args.vllm)
     pinned = torch_pin(wheel)
     print(f"pack: {wheel.name} (needs torch {pinned}; the lent machine has {DEVICE_TORCH})")
     unpack_vllm(wheel, site)
     if not args.measure_only:
-        install_wheels(Path(args.wheels), site, cache)
+        install_wheels(wheels, site, cache)
     archive = out / ("vllm-only.tar.xz" if args.measure_only else "site.tar.xz")
     with tarfile.open(archive, "w:xz", preset=6) as tar:
         tar.add(site, arcname="site")

@@ -1,40 +1,71 @@
 #!/usr/bin/env bash
-# The whole in-engine check on the lent GPU machine, in one call. From the repository root there:
+# The in-engine check on the lent GPU machine. From the repository root there:
 #   bash benchmarks/engine/run_device.sh native   # capability reported as 7.5, Triton builds for the GPU
 #   bash benchmarks/engine/run_device.sh sm75     # and every Triton kernel built as sm_75 PTX (driver JIT)
-# Needs .carry/ from pack.py (carry it: the device tool's `carry` argument). Writes $OUT (or ./.e2e-out):
-# one JSON and one log per mode, then summary.json from compare.py. Each mode has a time limit.
+# Needs .carry/ from pack.py (carry it: the device tool's `carry` argument; CARRY=.carry24 names
+# another). A call runs the modes of MODES (default "on off on-ngram"; one mode a call keeps a slow
+# plugin-off start inside the device's 10 minutes):
+#   on / off         plugin on / off, TRITON_ATTN, --speed
+#   on-ngram         plugin on, n-gram speculation against plain greedy
+#   on-custom        plugin on, our attention backend (--attention-backend CUSTOM), --speed
+#   on-custom-fp8    the same with fp8 (e4m3) KV
+# ARGS is added to every mode (e.g. "--long-context 32768 131072"), TAG to every output's name.
+# CACHE=plugin shares one Triton and vLLM cache among the modes of one plugin state (the first is
+# cold, later ones warm); the default gives each mode its own (every start cold).
+# Writes $OUT (or ./.e2e-out): one JSON and one log per mode, then summary.json from compare.py.
+# ENGINE_CHECK_STACKS=N dumps every thread's stack into the mode's log every N seconds.
 set -u
 SHIM=${1:-native}
 OUTDIR=${OUT:-$PWD/.e2e-out}
+CARRY=${CARRY:-.carry}
 mkdir -p "$OUTDIR"
-E2E=/tmp/e2e
+E2E=/tmp/e2e-$(basename "$CARRY")   # one unpacked site per carry: a warm machine may have had another
 HERE=benchmarks/engine
 if [ ! -d $E2E/site ]; then
-  mkdir -p $E2E && tar xJf .carry/site.tar.xz -C $E2E || exit 3
-  python3 -m pip install -q --no-index --no-deps --no-compile --target $E2E/ours .carry/caovan/*.whl || exit 3
+  mkdir -p $E2E && tar xJf "$CARRY/site.tar.xz" -C $E2E || exit 3
+  python3 -m pip install -q --no-index --no-deps --no-compile --target $E2E/ours "$CARRY"/caovan/*.whl || exit 3
 fi
 export TRITON_PTXAS_PATH=${TRITON_PTXAS_PATH:-/usr/local/cuda/bin/ptxas}   # Triton 3.6's own is older than CUDA 13
 export CAOVAN_FACTS=$PWD/$HERE/facts-sm75-proxy.json
 export PYTHONUNBUFFERED=1 VLLM_LOGGING_LEVEL=INFO
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader > "$OUTDIR/gpu.txt"
+PYTHONPATH=$E2E/site python3 -c "import vllm, torch, triton; print('vllm', vllm.__version__, 'torch', torch.__version__, 'triton', triton.__version__)" \
+  | tee "$OUTDIR/stack.txt"
 
-run_mode() {   # NAME PLUGIN(on|off) LIMIT_S ARGS...
-  local name=$1 plugin=$2 limit=$3; shift 3
-  local path=$E2E/site
-  [ "$plugin" = on ] && path=$E2E/ours:$path
-  echo "== $name (plugin $plugin, limit ${limit}s) $(date -u +%T)"
-  PYTHONPATH=$path TRITON_CACHE_DIR=$E2E/triton-$name VLLM_CACHE_ROOT=$E2E/vllm-$name \
-    timeout -k 10 "$limit" python3 $HERE/engine_check.py --model $HERE/qwen36-27b-tp2-8layer \
-      --shim "$SHIM" --out "$OUTDIR/$name.json" "$@" > "$OUTDIR/$name.log" 2>&1
-  echo "   exit $? $(date -u +%T); $(grep -c 'Caovan' "$OUTDIR/$name.log") Caovan lines"
-  tail -3 "$OUTDIR/$name.log"
+mode_args() {   # MODE -> plugin state, then engine_check arguments
+  case "$1" in
+    on) echo "on --speed" ;;
+    off) echo "off --speed" ;;
+    on-ngram) echo "on --ngram" ;;
+    on-custom) echo "on --speed --attention-backend CUSTOM" ;;
+    on-custom-fp8) echo "on --speed --attention-backend CUSTOM --kv-cache-dtype fp8" ;;
+    *) echo "run_device.sh: unknown mode '$1' (on, off, on-ngram, on-custom, on-custom-fp8)" >&2; return 1 ;;
+  esac
 }
 
 START=$(date +%s)
 left() { echo $(( ${DEADLINE_S:-570} - ($(date +%s) - START) )); }   # the device tool stops a call at 600 s
-run_mode "$SHIM-on" on "${LIMIT_ON:-250}" --speed
-run_mode "$SHIM-off" off "$(( $(left) < ${LIMIT_OFF:-250} ? $(left) : ${LIMIT_OFF:-250} ))" --speed
-[ "$(left)" -gt 60 ] && run_mode "$SHIM-on-ngram" on "$(left)" --ngram
-python3 $HERE/compare.py "$OUTDIR" --shim "$SHIM" > "$OUTDIR/summary.json"
-cat "$OUTDIR/summary.json"
+
+run_mode() {   # MODE
+  local spec plugin name path cache
+  spec=$(mode_args "$1") || return 1
+  plugin=${spec%% *}
+  name=$SHIM-$1${TAG:-}
+  path=$E2E/site
+  [ "$plugin" = on ] && path=$E2E/ours:$path
+  cache=$name
+  [ "${CACHE:-mode}" = plugin ] && cache=$SHIM-$plugin
+  if [ "$(left)" -lt 60 ]; then echo "== $name skipped: $(left) s left"; return 0; fi
+  echo "== $name (plugin $plugin, limit $(left) s) $(date -u +%T)"
+  # shellcheck disable=SC2086  # the mode's arguments and ARGS are words
+  PYTHONPATH=$path TRITON_CACHE_DIR=$E2E/triton-$cache VLLM_CACHE_ROOT=$E2E/vllm-$cache \
+    timeout -k 10 "$(left)" python3 $HERE/engine_check.py --model $HERE/qwen36-27b-tp2-8layer \
+      --shim "$SHIM" --out "$OUTDIR/$name.json" ${spec#* } ${ARGS:-} > "$OUTDIR/$name.log" 2>&1
+  echo "   exit $? $(date -u +%T); $(grep -c 'Caovan' "$OUTDIR/$name.log") Caovan lines"
+  grep '^engine_check:' "$OUTDIR/$name.log" | tail -12
+  grep -v '^engine_check:' "$OUTDIR/$name.log" | tail -3
+}
+
+for mode in ${MODES:-on off on-ngram}; do run_mode "$mode"; done
+python3 $HERE/compare.py "$OUTDIR" --shim "$SHIM" ${COMPARE:-} > "$OUTDIR/summary${TAG:-}.json"
+cat "$OUTDIR/summary${TAG:-}.json"
