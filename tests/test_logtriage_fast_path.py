@@ -23,7 +23,10 @@ POOL = [ln for p in LOGS for ln in p.read_bytes().splitlines(keepends=True)]
 PREFIXES = [b"", b"(APIServer pid=7) ", b"(EngineCore_DP0 pid=1234) ", b"(Worker_TP1 pid=9, ip=10.0.0.1) ",
             b"INFO 12-05 01:02:03 [api_server.py:1] ", b"WARNING 12-05 01:02:03 [x.py:9] ",
             b"ERROR 12-05 01:02:03 [core.py:13] ", b"CRITICAL 12-05 01:02:03 [core.py:13] ", b"INFO:     ", b"2026-12-05T01:02:03.123Z ",
-            b"Dec 05 01:02:03 host vllm[137]: ", b"(APIServer pid=7) INFO 12-05 01:02:03 [a.py:1] "]
+            b"Dec 05 01:02:03 host vllm[137]: ", b"(APIServer pid=7) INFO 12-05 01:02:03 [a.py:1] ",
+            # issue 38: vLLM before 0.7, docker compose, RFC 3339 with a zone name
+            b"ERROR 02-11 20:39:41 core.py:208] ", b"vllm-1  | ", b"2025-10-24T17:12:08.363544040 +08:00 CST ",
+            b"vllm-12 | 2025-10-24T17:12:08.36Z "]
 FRAGMENTS = [b"137", b"-9", b": -9}", b"(exit code: -9)", b"died with exit code -9", b"exited with code 137",
              b"fp8e4nv not supported", b"Failed core proc(s): {'EngineCore_DP0': -9}", b"Kil1led", b"Killed", b"HTTP/", b'"GET /v1/models HTTP/1.1" 200 OK',
              b'"POST /v1/completions HTTP/1.1" 500 Internal Server Error', b'"GET /a\xe3\x80\x80b HTTP/1.1" 200',
@@ -32,7 +35,9 @@ FRAGMENTS = [b"137", b"-9", b": -9}", b"(exit code: -9)", b"died with exit code 
              b"Application startup complete.", b"Avg prompt throughput: 1.0 tokens/s", b"sampling.cu",
              b"No available shared memory broadcast block found in 60 seconds", b"[Caovan] warmup=READY",
              b" ", b"0", b"5", b"version 0.27.0", b"vLLM", b"WARN", b"signal", b"\xe3\x80\x80", b"[shutdown] x",
-             b"Shutting down", b"Segmentation fault", b"default", b"Application startup complete."]
+             b"Shutting down", b"Segmentation fault", b"default", b"Application startup complete.",
+             b"EngineCore failed to start.", b"Got fatal signal from worker processes, shutting down", b"START FAILED",
+             b"  File \"/v/vllm/x.py\", line 3, in capture_model", b"Starting to load model", b" | ", b" CST"]
 
 
 def _shapes() -> shapes_mod.Shapes:
@@ -127,11 +132,29 @@ def test_an_access_line_inside_a_prefix_is_not_counted():
     assert fast["http_ok"] == 0
 
 
-def test_a_critical_line_is_read_in_full():
-    """A CRITICAL line holds no trigger word, yet it is the alarm of a start that never got ready."""
-    fast, slow = _both(b"CRITICAL 12-05 01:02:03 [core.py:13] the engine stopped\n")
+@pytest.mark.parametrize("level", [b"CRITICAL", b"ERROR"])
+def test_a_critical_or_error_line_is_read_in_full(level):
+    """A CRITICAL or ERROR line holds no trigger word, yet it is the error of a start that never got
+    ready (undecided), and with the server stopping after it, fatal."""
+    line = level + b" 12-05 01:02:03 [x.py:13] the engine could not go on\n"
+    fast, slow = _both(line)
+    assert fast == slow and fast["verdict"] == "undecided"
+    fast, slow = _both(line + b"INFO:     Shutting down\n")
+    assert fast == slow and fast["verdict"] == "fatal"
+
+
+def test_a_frame_without_its_traceback_header_opens_one():
+    """An excerpt cut above 'Traceback (most recent call last)': its frames open the traceback, and
+    the exception line after them is the first failure, in both paths."""
+    p = b"(Worker_TP1 pid=1405) ERROR 07-01 14:35:41 [multiproc_executor.py:962] "
+    data = b"".join([b"INFO 07-01 14:35:00 [x.py:1] Starting to load model /m\n",
+                     p + b'  File "/v/vllm/compilation/backends.py", line 1214, in __call__\n',
+                     p + b"    PiecewiseCompileInterpreter(\n", b"...\n",
+                     p + b"torch._inductor.exc.InductorError: RuntimeError: Failed to run autotuning code block\n"])
+    fast, slow = _both(data)
     assert fast == slow
-    assert fast["verdict"] == "fatal"
+    assert fast["verdict"] == "fatal" and fast["first_failure"]["line"] == 5
+    assert "InductorError" in fast["first_failure"]["text"]
 
 
 def test_tracebacks_of_two_workers_whose_names_differ_only_in_a_digit():
@@ -162,12 +185,14 @@ def test_a_frame_of_a_worker_without_a_traceback_pins_no_other_workers_phase():
 
 @pytest.mark.parametrize("p", ["(Worker_TP0 pid=10) ", ""])
 def test_a_line_that_does_not_go_on_ends_its_processs_traceback(p):
+    """'boom happened' ends the first traceback (it is no exception); the later frame opens another
+    (an excerpt may begin at a frame), whose exception is the first failure, in the phase it pins."""
     data = "".join(p + s + "\n" for s in ["Traceback (most recent call last):", '  File "x.py", line 1, in f',
                                           "boom happened", '  File "x.py", line 2, in load_model',
                                           "ValueError: bang"]).encode()
     fast, slow = _both(data)
     assert fast == slow
-    assert fast["first_failure"] is None
+    assert fast["first_failure"]["line"] == 5 and "while loading the weights" in fast["first_failure"]["cause"]
 
 
 @pytest.mark.parametrize("line", ["(APIServer pid=7) \u3000", "INFO 12-05 01:02:03 [a.py:1]\u3000\u3000"])

@@ -217,18 +217,71 @@ def test_our_runtime_fail_is_about_the_plugin_never_the_engines_failure():
     assert stopped.exit_code == 2 and stopped.first_failure.id == "caovan-launch-stopped"
 
 
-@pytest.mark.parametrize("alarm", [
-    "AssertionError",
-    "(EngineCore pid=9) CRITICAL 12-05 02:00:00 [core.py:1] something the engine could not survive",
-    "Fatal Python error: Segmentation fault",
-    "Traceback (most recent call last):\n  File \"x.py\", line 1, in f\nZeroDivisionError: division by zero",
+@pytest.mark.parametrize("alarm,stops", [
+    ("AssertionError", False),
+    ("(EngineCore pid=9) CRITICAL 12-05 02:00:00 [core.py:1] something the engine could not survive", False),
+    ("ERROR 12-05 02:00:00 [gpu_worker.py:1] something went wrong", False),
+    ('(Worker_TP0 pid=9) ERROR 12-05 02:00:00 [gpu_worker.py:1]   File "/v/x.py", line 3, in load_model', False),
+    ("Fatal Python error: Segmentation fault", True),
+    # Python's own traceback of an uncaught exception: its process ends
+    ("Traceback (most recent call last):\n  File \"x.py\", line 1, in f\nZeroDivisionError: division by zero", True),
+    # a process's exit handler logs its traceback, then the process ends (frames only: the excerpt cut both ends)
+    ('(Worker_TP1 pid=9) ERROR 12-05 02:00:00 [multiproc_executor.py:971]   File "/v/x.py", line 3, in f', True),
+    ("(EngineCore pid=9) ERROR 12-05 02:00:00 [core.py:1] Traceback (most recent call last):", True),
+    ("AssertionError\nCRITICAL 12-05 02:00:00 [core_client.py:156] Got fatal signal from worker processes, shutting "
+     "down. See stack trace above for root cause issue.", True),
+    ("ERROR 12-05 02:00:00 [x.py:1] boom\nINFO:     Shutting down", True),
 ])
-def test_a_start_that_never_got_ready_and_shows_an_error_is_never_clean(alarm):
+def test_a_start_that_never_got_ready_and_shows_an_error_is_never_clean(alarm, stops):
+    """The start rule: an error before the server was ready is FATAL where the log shows the engine
+    or server stopping, else UNDECIDED; never OK. After 'Application startup complete' it is not."""
     log = "INFO 12-05 02:00:00 [api_server.py:1] vLLM API server version 0.27.0\n" + alarm + "\n"
     t = run_text(log)
-    assert t.exit_code == 2 and t.first_failure.id == "unexplained-failure" and "No known cause" in t.first_failure.cause
+    if stops:
+        assert t.exit_code == 2 and t.verdict == "fatal" and t.first_failure.id == "unexplained-failure"
+        assert "No known cause" in t.first_failure.cause
+    else:
+        assert t.exit_code == 1 and t.verdict == "undecided" and t.first_failure is None
+        f = next(f for f in t.findings if f.id == "start-undecided")
+        assert "ends before it shows whether the engine stopped" in f.cause and f.first_line == 2
     ready = run_text(log.replace(alarm, "INFO:     Application startup complete.\n" + alarm))
     assert ready.first_failure is None or ready.first_failure.id != "unexplained-failure"
+    assert "start-undecided" not in by_id(ready)
+
+
+@pytest.mark.parametrize("phase_line,words", [
+    ("INFO 12-05 02:00:00 [gpu_model_runner.py:1] Starting to load model /m...", "while loading the weights"),
+    ("INFO 12-05 02:00:00 [gpu_worker.py:1] Available KV cache memory: 10.0 GiB", "while sizing the KV cache"),
+    ("INFO 12-05 02:00:00 [gpu_model_runner.py:1] Capturing CUDA graphs (mixed prefill-decode)", "during CUDA-graph"),
+])
+def test_a_log_that_ends_mid_start_without_an_error_is_undecided(phase_line, words):
+    t = run_text("INFO 12-05 02:00:00 [api_server.py:1] vLLM API server version 0.27.0\n" + phase_line + "\n")
+    assert t.verdict == "undecided" and t.exit_code == 1
+    assert words in next(f for f in t.findings if f.id == "start-undecided").cause
+    done = run_text("INFO 12-05 02:00:00 [api_server.py:1] vLLM API server version 0.27.0\n" + phase_line
+                    + "\nINFO:     Application startup complete.\n")
+    assert done.verdict == "clean" and done.exit_code == 0
+
+
+def test_only_consequences_name_no_cause_and_say_it_is_not_in_the_log():
+    text = ("2025-10-24T17:12:08.36 +08:00 CST (APIServer pid=1) ERROR 10-24 17:12:08 [async_llm.py:480] "
+            "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) "
+            "for the root cause.\n"
+            "2025-10-24T17:12:08.37 +08:00 CST (APIServer pid=1) INFO:     127.0.0.1:1 - \"POST /v1/chat/completions "
+            "HTTP/1.1\" 500 Internal Server Error\n")
+    t = run_text(text)
+    assert t.verdict == "fatal" and t.first_failure.id == "cause-not-in-log" and t.first_failure.line == 1
+    assert "consequence" in t.first_failure.cause and "EngineDeadError" in t.first_failure.text
+    assert not t.first_failure.text.startswith("+08:00")
+
+
+def test_port_in_use_after_startup_complete_is_fatal():
+    text = ("INFO:     Application startup complete.\n"
+            "ERROR:    [Errno 98] error while attempting to bind on address ('0.0.0.0', 8000): address already in use\n"
+            "INFO:     Waiting for application shutdown.\nINFO:     Application shutdown complete.\n")
+    t = run_text(text)
+    assert t.verdict == "fatal" and t.first_failure.id == "address-in-use" and t.first_failure.line == 2
+    assert t.findings[0].details.get("port") == "8000"
 
 
 def test_a_consequence_is_never_the_first_failure_when_an_exception_stands_before_it():
@@ -297,7 +350,30 @@ VARIANTS = [
      "model-not-found", "fatal"),
     ("caovan-vllm-serve: error: runtime=FAIL: torch: torch 2.11.0 has no CUDA build\n", "caovan-launch-stopped",
      "fatal"),
-    ("AssertionError\n", "unexplained-failure", "fatal"),
+    ("AssertionError\nCRITICAL 02-11 20:39:41 core_client.py:156] Got fatal signal from worker processes, shutting "
+     "down.\n", "unexplained-failure", "fatal"),
+    ("AssertionError\n", "start-undecided", "warning"),
+    # frames name the cause when the exception line is cut off (or says nothing: a bare AssertionError)
+    ("ERROR 02-11 20:39:41 core.py:208]   File \"/v/vllm/v1/attention/backends/flash_attn.py\", line 155, in "
+     "__init__\nERROR 02-11 20:39:41 core.py:208]     assert is_fa_version_supported(self.fa_version)\n"
+     "ERROR 02-11 20:39:41 core.py:208] AssertionError\n", "fa2-unsupported", "fatal"),
+    ('ERROR 03-19 11:54:51 [engine.py:158] AssertionError(\'Only FlashAttention backend is supported for now.\')\n',
+     "needs-flash-attention", "fatal"),
+    (V + '  File "/v/vllm/v1/worker/gpu_model_runner.py", line 9, in _dummy_sampler_run\n'
+     + V + '  File "/v/flashinfer/sampling.py", line 9, in top_k_top_p_sampling_from_probs\n',
+     "flashinfer-sampler-failed", "fatal"),
+    ("(EngineCore pid=1) ValueError: The quantization method awq is not supported for the current GPU. Minimum "
+     "capability: 75. Current capability: 70.\n", "quant-capability", "fatal"),
+    ("(EngineCore pid=1) RuntimeError: ('Quantization scheme is not supported for ', 'the current GPU. Min "
+     "capability: 80. ', 'Current capability: 75.')\n", "quant-capability", "fatal"),
+    (V + '  File "/v/vllm/model_executor/layers/quantization/compressed_tensors/compressed_tensors.py", line 9, '
+     "in _check_scheme_supported\n", "quant-capability", "fatal"),
+    (V + "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1, unhandled system error "
+     "(run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5\n", "nccl-init-failed", "fatal"),
+    (V + '  File "/v/vllm/platforms/cuda.py", line 9, in check_if_supports_dtype\n', "bf16-unsupported", "fatal"),
+    ("The model's max seq len (29000) is larger than the maximum number of tokens that can be stored in KV cache "
+     "(23648). Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the "
+     "engine.\n", "kv-cache-too-small", "fatal"),
 ]
 
 
@@ -343,6 +419,7 @@ def test_every_signature_is_found_in_some_excerpt():
     seen = {f.id for p in LOGS.glob("*.log") for f in triage_path(str(p)).findings}
     seen |= {f.id for text, _, _ in VARIANTS for f in run_text(text).findings}
     seen |= {f.id for f in run_text(RUNTIME_FAIL).findings}
+    seen |= {t.first_failure.id for text, _, _ in VARIANTS if (t := run_text(text)).first_failure}   # cause-not-in-log
     assert {s.id for s in SIGNATURES} - seen == set()
     assert {s.rule for s in SIGNATURES} == set(Rule)
 

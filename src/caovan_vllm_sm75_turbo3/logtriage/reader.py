@@ -2,8 +2,12 @@
 
 It undoes what vLLM and the tools around it add to each message: ANSI colours, the worker prefix
 `(EngineCore_DP0 pid=123) ` / `(Worker_TP1 pid=456) ` / `(APIServer pid=7) `, the logger header
-`INFO 12-02 17:44:10 [shm_broadcast.py:681] ` (vllm/logger.py's `_FORMAT`), uvicorn's `INFO:     `,
-and docker/journald timestamps. It never holds more than one chunk and one capped line.
+`INFO 12-02 17:44:10 [shm_broadcast.py:681] ` (vllm/logger.py's `_FORMAT`; before 0.7 it had no
+`[` : `ERROR 02-11 20:39:41 core.py:208] `), uvicorn's `INFO:     `, docker/journald/RFC 3339
+stamps (`2025-10-24T17:12:08.36 +08:00 CST `), docker compose's `vllm-1  | `, and a prefix of no
+known form that most lines of the log's head carry before vLLM's own line (`learn_prefix`). A log
+pasted without its newlines is split again where vLLM's lines began (`split_pasted`). It never holds
+more than one chunk and one capped line.
 
 Input: `-` is standard input, read to its end as `cat` would (the user chose it: a slow pipe is
 waited for; a closed standard input is refused). A FILE is opened without blocking; a FIFO
@@ -15,6 +19,7 @@ waiting forever. A read error in the middle (a truncated gzip, an I/O error) is 
 from __future__ import annotations
 
 import gzip
+import itertools
 import os
 import re
 import select
@@ -40,17 +45,31 @@ FIFO_WAIT_S = 30.0  # a FIFO given as FILE: how long to wait for its first byte 
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b\n\r]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
 _ANSI_BYTES = re.compile(_ANSI.pattern.encode())
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
-# `docker logs -t` and journald put their own stamp before vLLM's line.
+# `docker logs -t`, RFC 3339 stamps (a zone name may follow the offset), journald, and docker
+# compose's service column put their own prefix before vLLM's line; up to two of them nest.
 _OUTER_STAMP = re.compile(
-    r"^(?:\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\s+"
-    r"|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \S+ [^\s:\[]+(?:\[\d+\])?: )")
+    r"^(?:\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?: ?(?:Z|[+-]\d\d:?\d\d))?(?: (?!(?:DEBUG|INFO|WARN|ERROR)\b)[A-Z]{2,5}(?= ))?\s+"
+    r"|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \S+ [^\s:\[]+(?:\[\d+\])?: "
+    r"|[a-z0-9][\w.-]*\s*\| )")
 # "(NAME pid=PID) ": added to stdout/stderr by vllm/utils/system_utils.py `_add_prefix` (0.21), part of
 # the logger format itself in 0.34; older releases named workers "VllmWorker TP0"; Ray adds ", ip=...".
 _PROCESS = re.compile(r"^\((?P<proc>[A-Za-z_][\w.\- ]*?) pid=\d+(?:, ip=[^)]*)?\) ?")
 # vllm/logger.py: "%(levelname)s %(asctime)s [%(fileinfo)s:%(lineno)d] %(message)s", date "%m-%d %H:%M:%S".
+# Before vLLM 0.7 the source had no opening bracket: "ERROR 02-11 20:39:41 core.py:208] ".
 _VLLM_HEADER = re.compile(
     r"^(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)? "
-    r"\[(?P<src>[^\]\s]+:\d+)\] ?")
+    r"(?:\[(?P<src>[^\]\s]+:\d+)\]|(?P<old_src>[\w./-]+\.py:\d+)\]) ?")
+# Where one of vLLM's own lines starts (its worker prefix, then its logger header): what a prefix
+# of no known form is learnt before (learn_prefix), and where a pasted log is split (split_pasted).
+_LINE_START = (r"(?:\([A-Za-z_][\w.\- ]*? pid=\d+(?:, ip=[^)]*)?\) )?"
+               r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d")
+_LINE_START_TEXT = re.compile(_LINE_START + r"|\((?:APIServer|EngineCore\w*|Worker\w*) pid=\d+")
+_PASTED_SPLIT = re.compile(rb"(?<=\s)(?=" + _LINE_START.encode() + rb")"
+                           rb"|(?<=\s)(?<!\] )(?=Traceback \(most recent call last\):)")
+PASTED_MIN_BYTES = 200    # a shorter line is one line
+LEARN_LINES = 128         # lines of the head a prefix of no known form is learnt from
+LEARN_SHARE = 0.5         # the share of them it must stand before vLLM's own line in
+MAX_PREFIX_CHARS = 80
 # uvicorn's default formatter: "INFO:     Application startup complete."
 _UVICORN_HEADER = re.compile(r"^(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+")
 
@@ -66,21 +85,26 @@ class LogLine:
     source: str | None = None
 
 
-def clean(raw: str, number: int = 0) -> LogLine:
-    """Strip colours, control characters and the prefixes vLLM, uvicorn and log collectors add."""
+def clean(raw: str, number: int = 0, prefix: re.Pattern[str] | None = None) -> LogLine:
+    """Strip colours, control characters and the prefixes vLLM, uvicorn and log collectors add;
+    first `prefix`, where the log's head taught one (learn_prefix)."""
     text = _ANSI.sub("", raw) if "\x1b" in raw else raw   # the fast paths keep reading at tens of MB/s
     if not text.isprintable():
         text = _CONTROL.sub("", text)
     text = text.rstrip()
-    if text[:1].isdigit() or text[:1].isupper():
-        text = _OUTER_STAMP.sub("", text, count=1)
+    if prefix is not None and (m := prefix.match(text)) is not None:
+        text = text[m.end():]
+    for _ in range(2):   # `docker compose logs -t`: the service column, then the stamp
+        if not (text[:1].isalnum() and (m := _OUTER_STAMP.match(text))):
+            break
+        text = text[m.end():]
     process = None
     while (m := _PROCESS.match(text)) is not None:   # nested launchers may add more than one
         process = process or m.group("proc")
         text = text[m.end():]
     level = source = None
     if (m := _VLLM_HEADER.match(text)) is not None:
-        level, source = m.group("level"), m.group("src")
+        level, source = m.group("level"), m.group("src") or m.group("old_src")
         text = text[m.end():]
     elif (m := _UVICORN_HEADER.match(text)) is not None:
         level = m.group("level")
@@ -88,6 +112,51 @@ def clean(raw: str, number: int = 0) -> LogLine:
     if level == "WARN":
         level = "WARNING"
     return LogLine(number, text, process, level, source)
+
+
+def learn_prefix(raws: list[bytes]) -> re.Pattern[str] | None:
+    """A prefix of no known form that most of these lines (a log's head) carry before vLLM's own
+    line, as a pattern for `clean`: digit runs match any digits, space runs any spaces. None when
+    no one prefix stands before vLLM's line in LEARN_SHARE of them (at least 3)."""
+    counts: dict[str, int] = {}
+    lines = 0
+    for raw in raws[:LEARN_LINES]:
+        if b"\r" in raw:
+            continue
+        lines += 1
+        text = clean(raw.decode("utf-8", "replace")).text   # the known prefixes gone first
+        m = _LINE_START_TEXT.search(text, 1, MAX_PREFIX_CHARS + 64)
+        if m is None or m.start() > MAX_PREFIX_CHARS:
+            continue
+        shape = re.sub(r" +", " ", re.sub(r"\d+", "0", text[:m.start()]))
+        counts[shape] = counts.get(shape, 0) + 1
+    if not counts:
+        return None
+    shape, n = max(counts.items(), key=lambda kv: kv[1])
+    if n < 3 or n < LEARN_SHARE * lines:
+        return None
+    pattern = "".join(r"\d+" if ch == "0" else " +" if ch == " " else re.escape(ch) for ch in shape)
+    return re.compile(pattern)
+
+
+def prefix_end(prefix: re.Pattern[str] | None) -> bytes:
+    """The last character of a learnt prefix that is not a space (what ends a line that is only
+    the prefix: logtriage/shapes.py tells no such line at sight)."""
+    if prefix is None:
+        return b""
+    text = re.sub(r"\\d\+", "0", prefix.pattern).replace(" +", " ").replace("\\", "").rstrip()
+    return text[-1:].encode("ascii", "replace")
+
+
+def split_pasted(line: bytes) -> list[bytes]:
+    """A line holding several of vLLM's lines (a log pasted without its newlines) split where each
+    began (its worker prefix or logger header, or a traceback's first line); any other line alone."""
+    if len(line) < PASTED_MIN_BYTES or line.count(b"] ") + line.count(b"Traceback (") < 2:
+        return [line]
+    cuts = [m.start() for m in _PASTED_SPLIT.finditer(line, 1)]
+    if len(cuts) < 2:   # one line with something after it that looks like a start
+        return [line]
+    return [p for p in (line[a:b] for a, b in zip([0, *cuts], [*cuts, len(line)])) if p.strip()]
 
 
 def strip_colours(raw: bytes) -> bytes:
@@ -121,25 +190,36 @@ def numbered_lines(stream: BinaryIO) -> Iterator[tuple[int, bytes]]:
         rest = lines.pop()
         for line in lines:
             number += 1
-            if len(line) > MAX_LINE_BYTES:
-                line = line[:KEEP_BYTES] + b" ... " + line[-KEEP_BYTES:]
-            if line.strip():
-                yield number, line
+            for piece in split_pasted(line) if len(line) >= PASTED_MIN_BYTES else (line,):
+                if len(piece) > MAX_LINE_BYTES:
+                    piece = piece[:KEEP_BYTES] + b" ... " + piece[-KEEP_BYTES:]
+                if piece.strip():
+                    yield number, piece
+        if len(rest) > MAX_LINE_BYTES:
+            pieces = split_pasted(rest)   # a pasted log: its lines go out as they are found
+            for piece in pieces[:-1]:
+                if piece.strip():
+                    yield number + 1, piece if len(piece) <= MAX_LINE_BYTES else (
+                        piece[:KEEP_BYTES] + b" ... " + piece[-KEEP_BYTES:])
+            rest = pieces[-1]
         if len(rest) > MAX_LINE_BYTES:
             head, tail, rest = rest[:KEEP_BYTES], rest[-KEEP_BYTES:], b""
     if head is not None:
         yield number + 1, head + b" ... " + tail
-    elif rest.strip():
-        yield number + 1, rest
+    else:
+        for piece in split_pasted(rest):
+            if piece.strip():
+                yield number + 1, piece if len(piece) <= MAX_LINE_BYTES else (
+                    piece[:KEEP_BYTES] + b" ... " + piece[-KEEP_BYTES:])
 
 
-def line_pieces(number: int, line: bytes) -> Iterator[LogLine]:
+def line_pieces(number: int, line: bytes, prefix: re.Pattern[str] | None = None) -> Iterator[LogLine]:
     """The cleaned, non-empty pieces of one line: `\r` splits it (tqdm progress bars, and vLLM's
     multi-line messages end their lines with `\r\n`); bytes that are not UTF-8 become U+FFFD.
     A piece without a process prefix keeps the one its line's first piece named."""
     process = None
     for i, piece in enumerate(p for p in line.split(b"\r") if p.strip()):
-        ln = clean(piece.decode("utf-8", "replace"), number)
+        ln = clean(piece.decode("utf-8", "replace"), number, prefix)
         if i == 0:
             process = ln.process
         elif ln.process is None and process is not None:
@@ -149,9 +229,13 @@ def line_pieces(number: int, line: bytes) -> Iterator[LogLine]:
 
 
 def read_lines(stream: BinaryIO) -> Iterator[LogLine]:
-    """Every non-empty line of `stream`, cleaned (see `numbered_lines` and `line_pieces`)."""
-    for number, line in numbered_lines(stream):
-        yield from line_pieces(number, line)
+    """Every non-empty line of `stream`, cleaned (see `numbered_lines` and `line_pieces`), with the
+    prefix its first LEARN_LINES lines teach (learn_prefix)."""
+    lines = numbered_lines(stream)
+    head = list(itertools.islice(lines, LEARN_LINES))
+    prefix = learn_prefix([raw for _, raw in head])
+    for number, line in itertools.chain(head, lines):
+        yield from line_pieces(number, line, prefix)
 
 
 def looks_binary(head: bytes) -> bool:

@@ -11,6 +11,7 @@ from .triage import Finding, Triage
 WIDTH = 100
 VERDICT_WORDS = {
     "fatal": "FATAL: the server failed; fix the first real failure above",
+    "undecided": "UNDECIDED: the log does not show how the start ended; see above what it waits on",
     "warning": "WARNING: it runs, but see the warnings above",
     "harmless-only": "OK: only harmless messages",
     "clean": "OK: no known problem",

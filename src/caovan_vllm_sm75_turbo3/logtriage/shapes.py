@@ -96,6 +96,10 @@ class Shapes:
         self._goes_on = goes_on
         self._marks = frozenset(marks)
         self.seen: dict[bytes, Shape] = {}
+        # The last characters of the prefixes `clean` strips (a stamp's zone name: any capital),
+        # and of a prefix the log's head taught (reader.prefix_end): a line ending in one may be
+        # nothing but a prefix, so it is not told at sight.
+        self.prefix_ends = b")]:0Z|"
 
     @staticmethod
     def _digit_word(word: str, words: list[str], needles: tuple[tuple[str, int], ...], access_word: str) -> DigitWord:
@@ -129,7 +133,8 @@ class Shapes:
         of the words `found` in its block and no loud level's name is in it, and it is ASCII and
         ends in a character that ends no prefix `clean` strips, so its text is not empty. What it
         is inside a traceback is learnt when one is open (`goes_on` None). Remembered."""
-        if (not key.isascii() or key.rstrip()[-1:] in b")]:0Z" or any(map(raw.__contains__, self._loud_bytes))
+        end = key.rstrip()[-1:]
+        if (not key.isascii() or end in self.prefix_ends or end.isupper() or any(map(raw.__contains__, self._loud_bytes))
                 or any(map(raw.__contains__, found.words_bytes))):
             return None
         return self._remember(key, self._quiet_shape(tuple(d for d in found.digit_words if d.shaped in key),

@@ -121,12 +121,40 @@ SIGNATURES: tuple[Signature, ...] = (
         cause="No known cause: this is the first error of a start that never became ready, which is usually the root cause.",
         fix=("Read the lines around it; search the vLLM issues for its last line, and report it to us with the "
              "log if it is about SM75.")),
+    # Not spotted by a needle: triage adds it where a log never shows the server ready and either
+    # shows an error but not whether the engine stopped, or ends in a start-up phase (the start rule).
+    Signature(
+        id="start-undecided",
+        shown=("a log that never shows the server ready: an error without the engine stopping, or an end "
+               "while loading, profiling, sizing the KV cache, capturing CUDA graphs or warming up"),
+        title="the start is not decided in this log",
+        needles=(),
+        rule=Rule.WARNING, role=Role.SYMPTOM,
+        cause="A start that never became ready is not OK, but this log does not show how it ended.",
+        fix=("Send the whole log, from the start to 'Application startup complete' or to the process's end "
+             "(`journalctl -u SERVICE --no-pager`, `docker logs CONTAINER 2>&1`); a start that is still "
+             "going on: wait for 'Application startup complete' (the first start on SM75 compiles kernels "
+             "for minutes).")),
+    # Not spotted by a needle: the first real failure where the log shows only consequences
+    # (EngineDeadError, HTTP 500): the failure itself is not in it.
+    Signature(
+        id="cause-not-in-log",
+        shown="only consequences (`EngineDeadError`, HTTP 500) and no error before them",
+        title="the failure itself is not in this log",
+        needles=(),
+        rule=Rule.FATAL, role=Role.CAUSE,
+        cause=("The error that stopped the engine happened before this log (or excerpt) begins, or was left "
+               "out of it."),
+        fix=("Find the first ERROR or Traceback before this line in the whole log (`journalctl -u SERVICE "
+             "--no-pager`, `docker logs CONTAINER 2>&1`), and run `caovan-sm75-doctor --log` on the whole "
+             "log.")),
     # -- failures before the engine exists: the API server's own traceback, no EngineCore lines --
     # Python's OSError for bind(); uvicorn and vLLM's API server raise it as it is.
     Signature(
         id="address-in-use",
         title="the port is taken: another server already listens on it",
-        needles=("Address already in use",),
+        needles=("Address already in use", "address already in use"),   # uvicorn: "[Errno 98] error while
+        # attempting to bind on address ('0.0.0.0', 8000): address already in use", after its startup line
         extract=re.compile(r"\(\s*'?(?P<host>[\w.:\[\]-]*)'?,\s*(?P<port>\d+)\)|port (?P<port_word>\d+)"),
         rule=Rule.FATAL, role=Role.CAUSE,
         cause=("Another process already listens on the address vLLM was asked to serve on (usually a vLLM "
@@ -178,7 +206,6 @@ SIGNATURES: tuple[Signature, ...] = (
         shown=("`... KV cache is needed, which is larger than the available KV cache memory`, "
                "`No available memory for the cache blocks`"),
         title="the KV cache cannot hold one request of --max-model-len tokens",
-        needles=(),
         # Read in every release's wheel (2026-12-05): kv_cache_utils.py up to 0.32, kv_cache_planning.py from 0.33.
         wordings=(Wording("cache is needed, which is larger than the available KV cache", "0.21-0.32",
                           "vllm/v1/core/kv_cache_utils.py"),
@@ -188,9 +215,14 @@ SIGNATURES: tuple[Signature, ...] = (
                           "vllm/v1/core/kv_cache_utils.py"),
                   Wording("No available memory for the cache blocks. ", "0.33-0.34",
                           "vllm/v1/core/kv_cache_planning.py")),
+        # vLLM's V0 engine (before 0.11): "The model's max seq len (29000) is larger than the maximum
+        # number of tokens that can be stored in KV cache (23648)."
+        needles=("is larger than the maximum number of tokens that can be stored in KV cache",),
         extract=re.compile(r"max seq len \((?P<max_model_len>\d+)\), \((?P<needed>[\d.]+) GiB KV cache is needed"
                            r".*?KV cache memory \((?P<available>[\d.]+) GiB\)"
-                           r"(?:.*?estimated maximum model length is (?P<estimated_max_len>\d+))?"),
+                           r"(?:.*?estimated maximum model length is (?P<estimated_max_len>\d+))?"
+                           r"|max seq len \((?P<v0_max_model_len>\d+)\) is larger than the maximum number of tokens "
+                           r"that can be stored in KV cache \((?P<v0_estimated_max_len>\d+)\)"),
         rule=Rule.FATAL, role=Role.CAUSE,
         cause=("The memory left for the KV cache after the weights and the profile run is smaller than one "
                "request of --max-model-len tokens needs."),
@@ -288,6 +320,20 @@ SIGNATURES: tuple[Signature, ...] = (
         fix=("Run `caovan-sm75-doctor`: its nvcc/ptxas check names the mismatch. Put a CUDA toolkit "
              "matching torch's CUDA on PATH (or set CUDA_HOME), and start through `caovan-vllm-serve` "
              "so builds target sm_75 only (CAOVAN_ARCH_GUARD=1).")),
+    # A traceback through FlashInfer's sampling (vLLM's _dummy_sampler_run at start calls it through
+    # topk_topp_sampler.py): on SM75 its kernels fail to build or to run; the frames say where.
+    Signature(
+        id="flashinfer-sampler-failed",
+        shown=("FlashInfer's sampling in a traceback (`flashinfer/sampling.py`, `top_k_top_p_sampling_from_probs`, "
+               "`flashinfer_sample`), e.g. under `_dummy_sampler_run`"),
+        title="FlashInfer's sampler failed (at start: vLLM's dummy sampler run)",
+        needles=("flashinfer/sampling.py", "flashinfer/sampling/", "flashinfer.sampling", "flashinfer_sample",
+                 "top_k_top_p_sampling_from_probs", "top_k_top_p_sampling_from_logits"),
+        error_context=True,
+        rule=Rule.FATAL, role=Role.CAUSE,
+        cause=("vLLM ran FlashInfer's top-k/top-p sampler (at start in its dummy sampler run), and it failed on "
+               "this GPU: FlashInfer's JIT build or its kernels do not support SM75 in this release."),
+        fix=SAMPLER_FIX),
     # vllm/v1/sample/ops/topk_topp_sampler.py, raised when the user forced the sampler on
     # (0.34: "FlashInfer top-p/top-k sampling unavailable: <why>. Unset VLLM_USE_FLASHINFER_SAMPLER=1.").
     Signature(
@@ -298,12 +344,73 @@ SIGNATURES: tuple[Signature, ...] = (
         rule=Rule.FATAL, role=Role.CAUSE,
         cause="VLLM_USE_FLASHINFER_SAMPLER=1 was set, and this vLLM refuses FlashInfer on this compute capability.",
         fix="Unset VLLM_USE_FLASHINFER_SAMPLER (or set it to 0). " + SAMPLER_FIX),
+    # vllm/v1/attention/backends/flash_attn.py (0.7-0.8, V1 on Turing before vLLM PR #12828):
+    # `assert is_fa_version_supported(self.fa_version)`, a bare AssertionError; the frame names it.
+    Signature(
+        id="fa2-unsupported",
+        shown="`is_fa_version_supported` on an error line or in a traceback (its AssertionError says nothing)",
+        title="vLLM chose FlashAttention, which needs SM80, on this GPU",
+        needles=("is_fa_version_supported",),
+        error_context=True,
+        rule=Rule.FATAL, role=Role.CAUSE,
+        cause=("FlashAttention 2 needs compute capability 8.0 (Ampere); this vLLM picked it for a Turing "
+               "(SM75) or older GPU and its version check failed."),
+        fix=("Choose a backend that runs on SM75: --attention-backend TRITON_ATTN (vLLM 0.10+; older: "
+             "VLLM_ATTENTION_BACKEND=XFORMERS), or run a vLLM from 0.8 on, which no longer picks "
+             "FlashAttention there; `caovan-vllm-serve` sets the backend for SM75.")),
+    # A component that works only with FlashAttention (LMCache's connector, 2025: "Only FlashAttention
+    # backend is supported for now."), on a GPU where vLLM uses another backend.
+    Signature(
+        id="needs-flash-attention",
+        title="a component needs FlashAttention, which this GPU cannot run",
+        needles=("Only FlashAttention backend is supported",),
+        rule=Rule.FATAL, role=Role.CAUSE,
+        cause=("A connector or extension (LMCache's KV connector, for one) supports only vLLM's FlashAttention "
+               "backend; on Turing (SM75) vLLM uses another backend, since FlashAttention 2 needs SM80."),
+        fix=("Start without that connector or extension (drop its --kv-transfer-config), or use a release of "
+             "it that supports the Triton or XFormers attention backends.")),
+    # vllm/model_executor/model_loader (_get_quantization_config): "The quantization method X is not
+    # supported for the current GPU. Minimum capability: 80. Current capability: 75."; compressed
+    # tensors' _check_scheme_supported: "... Min capability: 80. ', 'Current capability: 75."
+    Signature(
+        id="quant-capability",
+        shown=("`Minimum capability: N. Current capability: M`, `Min capability: N`, or "
+               "`_check_scheme_supported` / `_get_quantization_config` on an error line or in a traceback"),
+        title="the checkpoint's quantization needs a newer GPU",
+        needles=("Minimum capability:", "Min capability:", "Min capability ", "_check_scheme_supported",
+                 "_get_quantization_config"),
+        confirm=re.compile(r"[Mm]in(?:imum)? capability:? ?(?P<min>\d+)"
+                           r"|_check_scheme_supported|_get_quantization_config"),
+        extract=re.compile(r"[Cc]urrent capability:? ?(?P<current>\d+)"),
+        error_context=True,
+        rule=Rule.FATAL, role=Role.CAUSE,
+        cause=("The quantization kernels of this checkpoint (or of the --quantization asked for) need a higher "
+               "compute capability than this GPU's: Marlin, FP8 and NVFP4 kernels need 8.0 or more; AWQ "
+               "needs 7.5, so it runs on Turing but not on Volta (7.0)."),
+        fix=("Use a checkpoint in a format whose kernels run on this GPU (on SM75: AWQ with --quantization awq, "
+             "GPTQ with --quantization gptq), or let vLLM pick (drop --quantization *_marlin); "
+             "`caovan-sm75-doctor --model PATH` reads a checkpoint's quantization.")),
+    # NCCL's error names through torch.distributed ("NCCL error in: ..., unhandled system error"),
+    # and its communicator set-up in a traceback.
+    Signature(
+        id="nccl-init-failed",
+        shown="`NCCL error`, `ncclSystemError`, `ncclInternalError`, `ncclUnhandledCudaError`, `ncclCommInitRank`",
+        title="NCCL could not connect the GPUs (tensor/pipeline parallel)",
+        needles=("NCCL error", "ncclSystemError", "ncclInternalError", "ncclUnhandledCudaError",
+                 "ncclInvalidUsage", "ncclRemoteError", "ncclCommInitRank"),
+        error_context=True,
+        rule=Rule.FATAL, role=Role.CAUSE,
+        cause=("NCCL failed to set up communication between the GPUs: on consumer cards (RTX 2080 Ti) "
+               "peer-to-peer over PCIe is often missing or broken, in a container /dev/shm is too small, "
+               "or the GPUs of another node are not reachable."),
+        fix=("Retry with NCCL_P2P_DISABLE=1; in docker add --ipc=host (or --shm-size 16g); set NCCL_DEBUG=INFO "
+             "to see which step fails; `caovan-sm75-doctor` checks peer access between the GPUs.")),
     # vllm/platforms/cuda.py check_if_supports_dtype.
     Signature(
         id="bf16-unsupported",
         title="bfloat16 requested on a GPU without bfloat16",
         needles=("Bfloat16 is only supported on GPUs with compute capability of at least 8.0",
-                 "does not support bfloat16"),
+                 "does not support bfloat16", "check_if_supports_dtype"),
         extract=re.compile(r"Your (?P<gpu>.+?) GPU has compute capability (?P<capability>\d+\.\d+)"),
         rule=Rule.FATAL, role=Role.CAUSE,
         cause=("The model's config asks for bfloat16, and Turing (SM75) has no bfloat16: vLLM refuses "

@@ -13,7 +13,8 @@ from typing import BinaryIO
 from ..errors import CaovanError
 from ..policy import vllm_versions as vv
 from ..policy.banner import HEADER_RE
-from .reader import LogLine, clean, line_pieces, numbered_lines, open_log, strip_colours
+from .reader import (LEARN_LINES, LogLine, clean, learn_prefix, line_pieces, numbered_lines, open_log, prefix_end,
+                     strip_colours)
 from .shapes import Shape, Shapes
 from .signatures import BY_ID, CONTEXT_LINES, SIGNATURES, Role, Rule, Signature
 
@@ -51,6 +52,18 @@ FATAL_SIGNAL = re.compile("|".join(rf"\b{w}\b" if w.startswith("SIG") else re.es
 # which is what keeps a 20 MB log at seconds.
 _NEEDLES: tuple[tuple[str, int], ...] = tuple((n, i) for i, sig in enumerate(SIGNATURES) for n in sig.needles)
 
+# Words that show the engine or the server stopping (vLLM 0.x-0.34, the launchers around it): with an
+# error before the server was ready, they make the start FATAL; an error without them, UNDECIDED.
+STOP_WORDS = ("EngineCore failed to start", "Engine core initialization failed", "EngineDeadError",
+              "Got fatal signal", "shutting down", "WorkerProc was terminated", "WorkerProc failed to start",
+              "died unexpectedly", "Startup failed", "START FAILED", "Failed core proc")
+# vLLM's handlers that log a process's exception (logger.exception, at ERROR) just before that process
+# ends: EngineCore's run_engine_core (v1/engine/core.py; V0's engine/multiprocessing too) and the
+# workers' worker_main (v1/executor/multiproc_executor.py). A traceback they log is a process stopping.
+EXIT_HANDLERS = ("core.py:", "multiproc_executor.py:")
+# The phases a start passes before it is ready: a log that ends in one, with no error, is undecided.
+START_PHASES = ("load", "profile", "kv-cache", "graph-capture", "warmup")
+
 # Start-up phases, from vLLM 0.21's and 0.34's progress messages (later matches win).
 PHASE_MARKERS: tuple[tuple[str, str], ...] = (
     ("Starting to load model", "load"),
@@ -68,10 +81,15 @@ PHASE_MARKERS: tuple[tuple[str, str], ...] = (
 _TRIGGERS: tuple[str, ...] = tuple(dict.fromkeys((
     *(n for n, _ in _NEEDLES), *(m for m, _ in PHASE_MARKERS), "Caovan", "version", "Traceback",
     "rror", "ailed", "FAILED", *_FATAL_WORDS, "HTTP/", *SHUTDOWN_MARKERS, "Application startup complete",
-    "init engine (profile, create kv cache, warmup model) took")))
+    "init engine (profile, create kv cache, warmup model) took", *STOP_WORDS)))
 # The levels that make `feed` do more than count a line holding none of _TRIGGERS: a CRITICAL line
-# is an alarm. A WARNING or ERROR line matters only through its words (an error-context needle).
-_LOUD_LEVELS = ("CRITICAL",)
+# is an alarm, an ERROR line the evidence of an error (the start rule). A WARNING line matters only
+# through its words (an error-context needle).
+_LOUD_LEVELS = ("CRITICAL", "ERROR")
+# A traceback frame's start in a raw line: a frame of a process with no open traceback opens one
+# (an excerpt cut above "Traceback (most recent call last)"), so it is read in full.
+_FRAME_BYTES = b'File "'
+
 # Traceback frames that pin the phase of a failure more exactly than the last progress message.
 PHASE_FRAMES: dict[str, str] = {
     "load_model": "load", "load_weights": "load",
@@ -197,17 +215,20 @@ class Triage:
 
     @property
     def verdict(self) -> str:
-        """fatal | warning | harmless-only | clean."""
+        """fatal | undecided (a start the log does not finish) | warning | harmless-only | clean."""
         statuses = {f.status for f in self.findings}
-        for s in ("fatal", "warning"):
-            if s in statuses:
-                return s
+        if "fatal" in statuses:
+            return "fatal"
+        if any(f.id == "start-undecided" for f in self.findings):
+            return "undecided"
+        if "warning" in statuses:
+            return "warning"
         return "harmless-only" if statuses else "clean"
 
     @property
     def exit_code(self) -> int:
-        """2 fatal, 1 warning (degraded, or not decided by the end of the log), 0 otherwise."""
-        return {"fatal": 2, "warning": 1}.get(self.verdict, 0)
+        """2 fatal, 1 undecided or warning (degraded, or not decided by the end of the log), 0 otherwise."""
+        return {"fatal": 2, "undecided": 1, "warning": 1}.get(self.verdict, 0)
 
     def to_dict(self) -> dict[str, object]:
         return {"source": self.source, "lines": self.lines, "verdict": self.verdict,
@@ -250,19 +271,35 @@ class _Reader:
         self.first_unknown: tuple[LogLine, str] | None = None
         self.shutdown_line: int | None = None   # where a requested shutdown of a server that was ready began
         self.needles: tuple[tuple[str, int], ...] = _NEEDLES   # those that may be in the current line
+        self.prefix: re.Pattern[str] | None = None   # a prefix of no known form the log's head taught
         # The first alarm of any kind not explained by a signature: an unknown exception, an
         # AssertionError, a CRITICAL line, a fatal signal (with its phase), for a start that never got ready.
         self.first_alarm: tuple[LogLine, str] | None = None
+        # The start rule (finish): the first evidence of an error (an ERROR/CRITICAL line, a traceback
+        # or a frame), and the first of the engine or server stopping (STOP_WORDS, a shutdown, a
+        # traceback logged by a process's exit handler), both before the server was ready.
+        self.first_error: LogLine | None = None
+        self.stop: tuple[int, str] | None = None
+        self._opened = 0   # the line that opened the latest traceback
         # Shared-memory waits are judged per episode: from the first wait to what ends it.
         self.wait_open = False
         self.wait_outcome: dict[str, str] = {}   # "harmless"/"fatal" -> the deciding line, first seen
 
     # -- one line -------------------------------------------------------------------------------
     def read(self, lines: Iterable[tuple[int, bytes]]) -> None:
-        """Read raw lines (see reader.numbered_lines) in order, BLOCK_LINES at a time."""
+        """Read raw lines (see reader.numbered_lines) in order, BLOCK_LINES at a time, with the
+        prefix the first LEARN_LINES teach (reader.learn_prefix, as reader.read_lines does)."""
         it = iter(lines)
+        head = list(itertools.islice(it, LEARN_LINES))
+        self.prefix = learn_prefix([raw for _, raw in head])
+        self.shapes.prefix_ends += prefix_end(self.prefix)
+        it = itertools.chain(head, it)
         while block := list(itertools.islice(it, BLOCK_LINES)):
             self._read_block(block)
+
+    def clean(self, raw: bytes, number: int = 0) -> LogLine:
+        """`reader.clean` of a raw line (one piece: no `\r` in it), with the learnt prefix."""
+        return clean(raw.decode("utf-8", "replace"), number, self.prefix)
 
     def _read_block(self, block: list[tuple[int, bytes]]) -> None:
         """While no traceback, banner or deferred finding is open, a line of a shape (see shapes.py)
@@ -287,22 +324,24 @@ class _Reader:
         for number, raw, key, shape in rows:
             if key is None:   # other control characters or `\r` inside: cleaned and read in full
                 self.needles = _NEEDLES   # `_match` keeps those in the text
-                for piece in line_pieces(number, raw):
+                for piece in line_pieces(number, raw, self.prefix):
                     self.feed(piece)
                 continue
             ln = None
             if shape is None:   # a new shape (or one an earlier line of this block taught)
                 shape = seen.get(key) or shapes.at_sight(key, raw, found)  # type: ignore[arg-type]
                 if shape is None:
-                    ln = clean(raw.decode("utf-8", "replace"), number)   # one piece: no `\r` in it
+                    ln = self.clean(raw, number)
                     shape = shapes.learn(key, ln, found)  # type: ignore[arg-type]
             if shape.empty:
                 continue
             full = (shape.full or self.pending or self.in_banner
                     or (shape.raw_words and any(map(raw.__contains__, shape.raw_words))))
+            if not full and not self.tracebacks and _FRAME_BYTES in raw:   # a frame opens a traceback
+                full = True
             if not full and self.tracebacks:   # open: a line going on with its process's only pins a phase
                 if shape.goes_on is None:   # told at sight: what it is in a traceback is learnt now
-                    ln = ln or clean(raw.decode("utf-8", "replace"), number)
+                    ln = ln or self.clean(raw, number)
                     shape = shapes.learn(key, ln, shapes.find([raw]))
                 process = raw[shape.process[0]:shape.process[1]].decode() if isinstance(
                     shape.process, tuple) else shape.process
@@ -311,11 +350,11 @@ class _Reader:
                     self.tracebacks[process] = shape.pins
             if full:
                 self.needles = shape.needles
-                self.feed(ln or clean(raw.decode("utf-8", "replace"), number))
+                self.feed(ln or self.clean(raw, number))
                 continue
             self.lines = number
-            if shape.marks and self.shutdown_line is None and self.ready_line is not None:
-                self.shutdown_line = number   # as `feed` notes it
+            if shape.marks:   # as `feed` notes them
+                self._note_marks(number)
             if shape.status is not None:
                 self._count_status(int(raw[shape.status]), number, raw)
             self.recent.append(raw)   # cleaned only if something reads it (_recent)
@@ -330,6 +369,8 @@ class _Reader:
             if "vLLM" in text or "\u2588" in text:   # the plain line or vLLM's logo
                 self.vllm_version = m.group("version")
         kind, tb_phase = self._track_traceback(ln)
+        if self.ready_line is None and (self.first_error is None or self.stop is None):
+            self._note_start_evidence(ln, kind)
         matched = own_state or self._match(ln, kind, tb_phase)
         if kind == "exception":
             frame_hit = self.frame_hits.pop(ln.process, None)
@@ -346,14 +387,39 @@ class _Reader:
                 or (any(w in text for w in _FATAL_WORDS) and FATAL_SIGNAL.search(text))):
             self.first_alarm = (ln, tb_phase or self.phase or "")
         self._track_http(ln)
-        if self.shutdown_line is None and self.ready_line is not None and any(m in text for m in SHUTDOWN_MARKERS):
-            self.shutdown_line = ln.number
+        if any(m in text for m in SHUTDOWN_MARKERS):
+            self._note_marks(ln.number)
         if "Application startup complete" in text:
             self.ready_line = self.ready_line or ln.number
             self._close_wait("harmless", ln)
         elif "init engine (profile, create kv cache, warmup model) took" in text:
             self._close_wait("harmless", ln)
         self.recent.append(text)
+
+    def _note_marks(self, number: int) -> None:
+        """A shutdown's mark: asked for once the server was ready, the server stopping before."""
+        if self.ready_line is not None:
+            self.shutdown_line = self.shutdown_line or number
+        elif self.stop is None:
+            self.stop = (number, "a shutdown")
+
+    def _note_start_evidence(self, ln: LogLine, kind: str) -> None:
+        """Evidence for the start rule (see finish): an error, and the engine or server stopping."""
+        text = ln.text
+        if self.first_error is None and (ln.level in _LOUD_LEVELS or kind in ("traceback", "exception")) and (
+                text.strip(" ^~")):   # a caret line under a frame says nothing by itself
+            self.first_error = ln
+        if self.stop is None:
+            word = next((w for w in STOP_WORDS if w in text), None)
+            if word is None and kind == "traceback" and self._opened == ln.number and ln.level == "ERROR" and (
+                    ln.source or "").startswith(EXIT_HANDLERS):
+                word = f"a traceback logged by {ln.source.split(':')[0]}, whose process then ends"
+            elif word is None and kind == "traceback" and self._opened == ln.number and ln.level is None:
+                word = "a traceback Python printed for an uncaught exception, whose process then ends"
+            if word is None and any(w in text for w in _FATAL_WORDS) and FATAL_SIGNAL.search(text):
+                word = "a fatal signal"
+            if word is not None:
+                self.stop = (ln.number, word)
 
     def _track_phase(self, text: str) -> None:
         for marker, phase in PHASE_MARKERS:
@@ -405,7 +471,13 @@ class _Reader:
         if stripped.startswith("Traceback (most recent call last)"):
             if ln.process in self.tracebacks or len(self.tracebacks) < MAX_PROCESSES:
                 self.tracebacks[ln.process] = None
+                self._opened = ln.number
             return "traceback", None
+        if ln.process not in self.tracebacks and (m := FRAME.search(text)) is not None and (
+                len(self.tracebacks) < MAX_PROCESSES):   # frames without their header: an excerpt cut above it
+            self.tracebacks[ln.process] = PHASE_FRAMES.get(m.group("func"))
+            self._opened = ln.number
+            return "traceback", self.tracebacks[ln.process]
         if ln.process in self.tracebacks:
             phase = self.tracebacks[ln.process]
             goes_on, pins = goes_on_traceback(text)
@@ -429,8 +501,7 @@ class _Reader:
         if 200 <= status < 300:
             self.http_ok += 1
             if self.wait_open:
-                self._close_wait("harmless", line if isinstance(line, LogLine) else
-                                 clean(line.decode("utf-8", "replace"), number))
+                self._close_wait("harmless", line if isinstance(line, LogLine) else self.clean(line, number))
         elif status >= 500:
             self.http_error += 1
 
@@ -438,7 +509,7 @@ class _Reader:
         """The last CONTEXT_LINES cleaned texts; lines that only counted are cleaned here, when read."""
         for i in range(len(self.recent)):
             if isinstance(text := self.recent[i], bytes):
-                self.recent[i] = clean(text.decode("utf-8", "replace")).text
+                self.recent[i] = self.clean(text).text
         return [str(text) for text in self.recent]
 
     # -- signatures -----------------------------------------------------------------------------
@@ -542,7 +613,7 @@ class _Reader:
                 wait.status = "harmless"
                 wait.note = f"the server answered afterwards ({self.wait_outcome.get('harmless', '')})"
         self._judge_own_banner()
-        self._unexplained_failure()
+        self._start_rule()
         self._explain_details()
         roles = [r.value for r in Role]
         findings = sorted(self.findings.values(), key=lambda f: (
@@ -558,20 +629,44 @@ class _Reader:
             f.status = "harmless"
             f.note = "no SM75 GPU was visible to the plugin: nothing of ours applied, vLLM ran untouched"
 
-    def _unexplained_failure(self) -> None:
-        """A start that never became ready and shows an error nothing explains is a failure of no
-        known cause, never clean."""
-        if self.ready_line is not None or self.first_alarm is None:
+    def _start_rule(self) -> None:
+        """One rule before every signature: a log that never shows the server ready is never OK.
+        With an error (first_error, first_alarm) nothing known explains, it is FATAL where it shows
+        the engine or server stopping (or a fatal consequence), else UNDECIDED; without an error it
+        is UNDECIDED where it ends in a start-up phase."""
+        if self.ready_line is not None or self.http_ok:
             return
-        if any(f.status == "fatal" and f.role == Role.CAUSE.value for f in self.findings.values()):
+        fatal = [f for f in self.findings.values() if f.status == "fatal"]
+        if any(f.role == Role.CAUSE.value for f in fatal):
             return
-        ln, phase = self.first_alarm
+        alarm = self.first_alarm or ((self.first_error, self.phase or "") if self.first_error else None)
+        if alarm is None:
+            if self.phase in START_PHASES and not fatal:
+                self._undecided(self.lines, "", f"the log ends {PHASE_WORDS[self.phase]}, before the server was "
+                                "ready: the start may still be going on")
+            return
+        ln, phase = alarm
+        if self.first_alarm is None and fatal:
+            return   # the errors are a known consequence's own (EngineDeadError): the cause is not in the log
+        stopped = self.stop or (fatal and (fatal[0].first_line, fatal[0].title))
+        if not stopped:
+            self._undecided(ln.number, ln.text, f"the log shows an error at line {ln.number} but ends before it "
+                            "shows whether the engine stopped or the server became ready")
+            return
         sig = BY_ID["unexplained-failure"]
         where = f" It happened {PHASE_WORDS[phase]}." if phase in PHASE_WORDS else ""
+        cut = (" The exception itself (the traceback's last line) is not in the log: the excerpt ends inside it."
+               if self.first_unknown is None and self.tracebacks else "")
         self.findings[sig.id] = Finding(
             sig.id, sig.title, "fatal", sig.role.value, ln.number, ln.number, 1, ln.text[:MAX_TEXT], ln.process,
-            sig.cause + where, sig.fix.replace("the lines around it", f"the lines around line {ln.number}"),
-            note="the log never shows the server ready")
+            sig.cause + where + cut, sig.fix.replace("the lines around it", f"the lines around line {ln.number}"),
+            note=f"the log never shows the server ready, and shows it stopping (line {stopped[0]}: {stopped[1]})")
+
+    def _undecided(self, number: int, text: str, why: str) -> None:
+        sig = BY_ID["start-undecided"]
+        self.findings[sig.id] = Finding(sig.id, sig.title, "warning", sig.role.value, number, number, 1,
+                                        text[:MAX_TEXT], None, f"{why[0].upper()}{why[1:]}. {sig.cause}", sig.fix,
+                                        note="the log never shows the server ready")
 
     def _explain_details(self) -> None:
         """Put what the log itself says (numbers, names, the vLLM release) into the advice."""
@@ -593,13 +688,18 @@ class _Reader:
             f.cause += (f" {f.details['allocated']} of the GPU's {f.details['total']} held the weights loaded so "
                         "far: the weights alone are larger than this GPU's share.")
         f = self.findings.get("kv-cache-too-small")
+        if f and "v0_max_model_len" in f.details:   # V0's wording: the length and what fits, no GiB
+            f.details["max_model_len"] = f.details.pop("v0_max_model_len")
+            f.details["estimated_max_len"] = f.details.pop("v0_estimated_max_len")
+            f.cause = (f"--max-model-len {f.details['max_model_len']} is more than the "
+                       f"{f.details['estimated_max_len']} tokens the KV cache holds. " + f.cause)
         if f and "needed" in f.details:
             f.cause = (f"One request of --max-model-len {f.details['max_model_len']} tokens needs "
                        f"{f.details['needed']} GiB of KV cache; {f.details['available']} GiB is left for it. "
                        + f.cause)
-            if "estimated_max_len" in f.details:
-                f.fix = f.fix.replace("Lower --max-model-len,", f"Lower --max-model-len to at most "
-                                      f"{f.details['estimated_max_len']} (vLLM's estimate for this memory),", 1)
+        if f and "estimated_max_len" in f.details:
+            f.fix = f.fix.replace("Lower --max-model-len,", f"Lower --max-model-len to at most "
+                                  f"{f.details['estimated_max_len']} (vLLM's estimate for this memory),", 1)
         f = self.findings.get("gpu-memory-busy")
         if f and "free" in f.details:
             share = float(f.details["free"]) / max(float(f.details["total"]), 1e-9)
@@ -632,6 +732,11 @@ class _Reader:
                            f"Read the traceback that ends at line {ln.number}; search the vLLM issues for "
                            "its last line, and report it to us with the log if it is about SM75.")
         f = min(fatal, key=lambda x: (x.role != Role.SYMPTOM.value, x.first_line))
+        if f.role == Role.CONSEQUENCE.value:   # never named as the cause: the cause is not in this log
+            sig = BY_ID["cause-not-in-log"]
+            return Failure(f.first_line, f.text, sig.id, f"Line {f.first_line} ({f.title}) is a consequence of a "
+                           f"failure elsewhere, not its cause. {sig.cause}",
+                           sig.fix.replace("this line", f"line {f.first_line}"))
         return Failure(f.first_line, f.text, f.id, f.cause, f.fix)
 
 
