@@ -157,3 +157,20 @@ def test_an_unknown_prefix_is_learnt_only_where_vllms_line_follows_it():
     fast, slow = both(b"".join(lines))
     assert fast == slow
     assert fast["first_failure"]["id"] == "host-oom-kill"
+
+
+def test_a_healthy_server_with_client_404s_and_alarming_warnings_stays_ok():
+    healthy = (DATA / "logs" / "clean_plain_vllm.log").read_bytes()
+    assert both(healthy)[0]["exit_code"] == 0
+    rng = random.Random()
+    extra = []
+    for i in range(rng.randrange(20, 60)):
+        extra.append(rng.choice([
+            b'(APIServer pid=7) INFO:     127.0.0.1:%d - "GET /v1/nope%d HTTP/1.1" 404 Not Found\n' % (40000 + i, i),
+            b'(APIServer pid=7) INFO:     127.0.0.1:%d - "POST /v1/chat/completions HTTP/1.1" 400 Bad Request\n' % i,
+            b"(APIServer pid=7) WARNING 12-05 01:02:03 [serving.py:1] error in request %d: the prompt is too "
+            b"long (failed validation)\n" % i,
+            b"(EngineCore_DP0 pid=9) WARNING 12-05 01:02:03 [x.py:1] Failed to free some cache; retrying\n"]))
+    fast, slow = both(healthy + b"".join(extra))
+    assert fast == slow
+    assert fast["exit_code"] == 0 and fast["verdict"] in ("clean", "harmless-only"), fast["findings"]
