@@ -190,11 +190,14 @@ def numbered_lines(stream: BinaryIO) -> Iterator[tuple[int, bytes]]:
         rest = lines.pop()
         for line in lines:
             number += 1
-            for piece in split_pasted(line) if len(line) >= PASTED_MIN_BYTES else (line,):
-                if len(piece) > MAX_LINE_BYTES:
-                    piece = piece[:KEEP_BYTES] + b" ... " + piece[-KEEP_BYTES:]
-                if piece.strip():
-                    yield number, piece
+            if len(line) >= PASTED_MIN_BYTES and len(pieces := split_pasted(line)) > 1:
+                yield from ((number, p if len(p) <= MAX_LINE_BYTES else p[:KEEP_BYTES] + b" ... " + p[-KEEP_BYTES:])
+                            for p in pieces)
+                continue
+            if len(line) > MAX_LINE_BYTES:
+                line = line[:KEEP_BYTES] + b" ... " + line[-KEEP_BYTES:]
+            if line.strip():
+                yield number, line
         if len(rest) > MAX_LINE_BYTES:
             pieces = split_pasted(rest)   # a pasted log: its lines go out as they are found
             for piece in pieces[:-1]:

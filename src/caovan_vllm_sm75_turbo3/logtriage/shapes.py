@@ -46,6 +46,7 @@ class Shape(NamedTuple):   # a tuple: made for every new shape, so made cheaply
     pins: str | None = None     # the phase its traceback frame pins
     process: str | tuple[int, int] | None = None   # its process: the name, or where it stands (digits)
     marks: bool = False         # its only trigger words are marks (a shutdown's): see Shapes.__init__
+    frame: bool = False         # it holds a traceback frame's start (Shapes.__init__'s `frame`)
 
 
 _EMPTY = Shape(True, False, (), None, ())   # a line that cleans to nothing: skipped, as read_lines does
@@ -74,9 +75,13 @@ class Shapes:
 
     def __init__(self, triggers: tuple[str, ...], needles: tuple[tuple[str, int], ...],
                  access: re.Pattern[str], access_word: str, loud: tuple[str, ...],
-                 goes_on: Callable[[str], tuple[bool, str | None]], marks: tuple[str, ...] = ()) -> None:
+                 goes_on: Callable[[str], tuple[bool, str | None]], marks: tuple[str, ...] = (),
+                 frame: bytes = b"") -> None:
         """`marks`: trigger words that only mark a moment (a shutdown's start), which the reader
-        notes itself: a line whose only trigger words they are is not read in full for them."""
+        notes itself: a line whose only trigger words they are is not read in full for them.
+        `frame`: the start of a traceback frame (no digits: it is in a line where it is in its
+        shape), which a shape marks (`Shape.frame`) for the reader to read such a line in full
+        where no traceback is open."""
         words = [t for t in triggers if not _DIGIT.search(t)]
         # A word that holds another ("GatedRepoError" holds "rror") can only be where that one is:
         # each is looked for only where the first root it holds was found.
@@ -95,6 +100,7 @@ class Shapes:
         self._loud_bytes = tuple(level.encode() for level in loud)
         self._goes_on = goes_on
         self._marks = frozenset(marks)
+        self._frame = frame
         self.seen: dict[bytes, Shape] = {}
         # The last characters of the prefixes `clean` strips (a stamp's zone name: any capital),
         # and of a prefix the log's head taught (reader.prefix_end): a line ending in one may be
@@ -138,7 +144,7 @@ class Shapes:
                 or any(map(raw.__contains__, found.words_bytes))):
             return None
         return self._remember(key, self._quiet_shape(tuple(d for d in found.digit_words if d.shaped in key),
-                                                     None, None, None))
+                                                     None, None, None, frame=self._is_frame(key)))
 
     def learn(self, key: bytes, ln: LogLine, found: Found) -> Shape:
         """The meaning of `key`'s shape, from one line of it cleaned (`ln`), among what was
@@ -152,16 +158,19 @@ class Shapes:
             self.seen[key] = shape
         return shape
 
+    def _is_frame(self, key: bytes) -> bool:
+        return bool(self._frame) and self._frame in key
+
     def _quiet_shape(self, digit_words: tuple[DigitWord, ...], goes_on: bool | None, pins: str | None,
-                     process: str | tuple[int, int] | None, marks: bool = False) -> Shape:
+                     process: str | tuple[int, int] | None, marks: bool = False, frame: bool = False) -> Shape:
         """A shape holding no trigger word but marks: a few shared answers."""
-        quiet = self._quiet.get((digit_words, goes_on, pins, process, marks))
+        quiet = self._quiet.get((digit_words, goes_on, pins, process, marks, frame))
         if quiet is None:
             if len(self._quiet) >= MAX_SHAPES:   # a new process name per line: still bounded
                 self._quiet.clear()
             raw_words, digit_needles = _parts(digit_words)
-            quiet = self._quiet[digit_words, goes_on, pins, process, marks] = Shape(
-                False, False, raw_words, None, digit_needles, goes_on, pins, process, marks)
+            quiet = self._quiet[digit_words, goes_on, pins, process, marks, frame] = Shape(
+                False, False, raw_words, None, digit_needles, goes_on, pins, process, marks, frame)
         return quiet
 
     def _sort(self, key: bytes, ln: LogLine, found: Found) -> Shape:
@@ -173,8 +182,9 @@ class Shapes:
         digit_words = tuple(d for d in found.digit_words if d.shaped in key)
         goes_on, pins = self._goes_on(text) if key.isascii() else (False, None)
         process = _process(key, ln.process) if goes_on else None
+        frame = self._is_frame(key)
         if not loud and self._marks.issuperset(words):
-            return self._quiet_shape(digit_words, goes_on, pins, process, bool(words))
+            return self._quiet_shape(digit_words, goes_on, pins, process, bool(words), frame)
         full = loud or words != [self._access_word]
         status = None
         if not full:
@@ -190,7 +200,7 @@ class Shapes:
             if len(self._needles_of) < MAX_SHAPES:
                 self._needles_of[tuple(words)] = needles
         raw_words, digit_needles = _parts(digit_words)
-        return Shape(False, full, raw_words, status, needles + digit_needles, goes_on, pins, process)
+        return Shape(False, full, raw_words, status, needles + digit_needles, goes_on, pins, process, frame=frame)
 
 
 def _process(key: bytes, name: str | None) -> str | tuple[int, int] | None:

@@ -153,8 +153,9 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature(
         id="address-in-use",
         title="the port is taken: another server already listens on it",
-        needles=("Address already in use", "address already in use"),   # uvicorn: "[Errno 98] error while
-        # attempting to bind on address ('0.0.0.0', 8000): address already in use", after its startup line
+        # OSError's "Address already in use"; uvicorn's "[Errno 98] error while attempting to bind on
+        # address ('0.0.0.0', 8000): address already in use", after its startup line
+        needles=("ddress already in use",),
         extract=re.compile(r"\(\s*'?(?P<host>[\w.:\[\]-]*)'?,\s*(?P<port>\d+)\)|port (?P<port_word>\d+)"),
         rule=Rule.FATAL, role=Role.CAUSE,
         cause=("Another process already listens on the address vLLM was asked to serve on (usually a vLLM "

@@ -55,7 +55,7 @@ _NEEDLES: tuple[tuple[str, int], ...] = tuple((n, i) for i, sig in enumerate(SIG
 # Words that show the engine or the server stopping (vLLM 0.x-0.34, the launchers around it): with an
 # error before the server was ready, they make the start FATAL; an error without them, UNDECIDED.
 STOP_WORDS = ("EngineCore failed to start", "Engine core initialization failed", "EngineDeadError",
-              "Got fatal signal", "shutting down", "WorkerProc was terminated", "WorkerProc failed to start",
+              "Got fatal signal", "WorkerProc was terminated", "WorkerProc failed to start",
               "died unexpectedly", "Startup failed", "START FAILED", "Failed core proc")
 # vLLM's handlers that log a process's exception (logger.exception, at ERROR) just before that process
 # ends: EngineCore's run_engine_core (v1/engine/core.py; V0's engine/multiprocessing too) and the
@@ -81,14 +81,16 @@ PHASE_MARKERS: tuple[tuple[str, str], ...] = (
 _TRIGGERS: tuple[str, ...] = tuple(dict.fromkeys((
     *(n for n, _ in _NEEDLES), *(m for m, _ in PHASE_MARKERS), "Caovan", "version", "Traceback",
     "rror", "ailed", "FAILED", *_FATAL_WORDS, "HTTP/", *SHUTDOWN_MARKERS, "Application startup complete",
-    "init engine (profile, create kv cache, warmup model) took", *STOP_WORDS)))
+    "init engine (profile, create kv cache, warmup model) took", *STOP_WORDS, *(
+        # Short words many of the above hold: each block's new lines are searched once for each word
+        # that holds no other (shapes.Shapes.find), so these stand in for the needles that hold them.
+        # Speed only: a line holding one is read in full, which changes nothing `feed` does.
+        "flashinfer", "capability", "nccl", "WorkerProc", "is larger than the", "support", "quantization",
+        "top_k_top_p_sampling_from", "nvcc", "SIG", "signal", "died ", "Loading ", "runtime="))))
 # The levels that make `feed` do more than count a line holding none of _TRIGGERS: a CRITICAL line
 # is an alarm, an ERROR line the evidence of an error (the start rule). A WARNING line matters only
 # through its words (an error-context needle).
 _LOUD_LEVELS = ("CRITICAL", "ERROR")
-# A traceback frame's start in a raw line: a frame of a process with no open traceback opens one
-# (an excerpt cut above "Traceback (most recent call last)"), so it is read in full.
-_FRAME_BYTES = b'File "'
 
 # Traceback frames that pin the phase of a failure more exactly than the last progress message.
 PHASE_FRAMES: dict[str, str] = {
@@ -264,7 +266,8 @@ class _Reader:
         # Open tracebacks by process: lines of other processes may come between a traceback's lines.
         self.tracebacks: dict[str | None, str | None] = {}   # process -> phase pinned by its frames
         self.recent: deque[str | bytes] = deque(maxlen=CONTEXT_LINES)   # bytes: not cleaned yet
-        self.shapes = Shapes(_TRIGGERS, _NEEDLES, ACCESS, "HTTP/", _LOUD_LEVELS, goes_on_traceback, SHUTDOWN_MARKERS)
+        self.shapes = Shapes(_TRIGGERS, _NEEDLES, ACCESS, "HTTP/", _LOUD_LEVELS, goes_on_traceback, SHUTDOWN_MARKERS,
+                             b'File "')
         self.findings: dict[str, Finding] = {}
         self.pending: list[_Hit] = []
         self.frame_hits: dict[str | None, _Hit] = {}   # process -> a match in its open traceback's frames
@@ -337,7 +340,7 @@ class _Reader:
                 continue
             full = (shape.full or self.pending or self.in_banner
                     or (shape.raw_words and any(map(raw.__contains__, shape.raw_words))))
-            if not full and not self.tracebacks and _FRAME_BYTES in raw:   # a frame opens a traceback
+            if not full and shape.frame and not self.tracebacks:   # a frame opens a traceback
                 full = True
             if not full and self.tracebacks:   # open: a line going on with its process's only pins a phase
                 if shape.goes_on is None:   # told at sight: what it is in a traceback is learnt now
