@@ -85,8 +85,8 @@ _TRIGGERS: tuple[str, ...] = tuple(dict.fromkeys((
         # Short words many of the above hold: each block's new lines are searched once for each word
         # that holds no other (shapes.Shapes.find), so these stand in for the needles that hold them.
         # Speed only: a line holding one is read in full, which changes nothing `feed` does.
-        "flashinfer", "capability", "nccl", "WorkerProc", "is larger than the", "support", "quantization",
-        "top_k_top_p_sampling_from", "nvcc", "SIG", "signal", "died ", "Loading ", "runtime="))))
+        "sampling", "capability", "nccl", "WorkerProc", "is larger than the", "support", "quantization",
+        "nvcc", "SIG", "signal", "died ", "Loading "))))
 # The levels that make `feed` do more than count a line holding none of _TRIGGERS: a CRITICAL line
 # is an alarm, an ERROR line the evidence of an error (the start rule). A WARNING line matters only
 # through its words (an error-context needle).
@@ -390,7 +390,8 @@ class _Reader:
                 or (any(w in text for w in _FATAL_WORDS) and FATAL_SIGNAL.search(text))):
             self.first_alarm = (ln, tb_phase or self.phase or "")
         self._track_http(ln)
-        if any(m in text for m in SHUTDOWN_MARKERS):
+        if (self.shutdown_line is None if self.ready_line is not None else self.stop is None) and any(
+                m in text for m in SHUTDOWN_MARKERS):
             self._note_marks(ln.number)
         if "Application startup complete" in text:
             self.ready_line = self.ready_line or ln.number
@@ -476,7 +477,7 @@ class _Reader:
                 self.tracebacks[ln.process] = None
                 self._opened = ln.number
             return "traceback", None
-        if ln.process not in self.tracebacks and (m := FRAME.search(text)) is not None and (
+        if 'File "' in text and ln.process not in self.tracebacks and (m := FRAME.search(text)) is not None and (
                 len(self.tracebacks) < MAX_PROCESSES):   # frames without their header: an excerpt cut above it
             self.tracebacks[ln.process] = PHASE_FRAMES.get(m.group("func"))
             self._opened = ln.number
