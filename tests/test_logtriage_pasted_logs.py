@@ -72,6 +72,7 @@ STYLES = {
     "compose": lambda i: b"vllm-1  | ",
     "compose -t": lambda i: f"vllm-1  | 2025-10-24T17:12:{i % 60:02d}.{i:06d}Z ".encode(),
     "unknown": lambda i: f"[pod vllm-7f9c-{i % 7}] node3 >> ".encode(),
+    "torch rank": lambda i: f"[rank{i % 2}]: ".encode(),
 }
 
 
@@ -174,3 +175,31 @@ def test_a_healthy_server_with_client_404s_and_alarming_warnings_stays_ok():
     fast, slow = both(healthy + b"".join(extra))
     assert fast == slow
     assert fast["exit_code"] == 0 and fast["verdict"] in ("clean", "harmless-only"), fast["findings"]
+
+
+def test_a_crash_after_the_server_was_ready_is_no_requested_shutdown():
+    """'Got fatal signal from worker processes, shutting down', then uvicorn's 'Shutting down' and
+    EngineDeadError: the engine crashed; the shutdown is the crash's, not one someone asked for."""
+    ready = b"(APIServer pid=1) INFO:     Application startup complete.\n"
+    crash = (b"(APIServer pid=1) CRITICAL 12-05 02:00:00 [core_client.py:156] Got fatal signal from worker "
+             b"processes, shutting down. See stack trace above for root cause issue.\n")
+    after = (b"(APIServer pid=1) INFO:     Shutting down\n"
+             b"(APIServer pid=1) ERROR 12-05 02:00:01 [async_llm.py:480] vllm.v1.engine.exceptions.EngineDeadError: "
+             b"EngineCore encountered an issue.\n")
+    fast, slow = both(ready + crash + after)
+    assert fast == slow
+    assert fast["verdict"] == "fatal" and fast["first_failure"]["id"] == "cause-not-in-log"
+    # asked for: the same lines without the crash are harmless
+    fast, slow = both(ready + after)
+    assert fast == slow and fast["verdict"] in ("harmless-only", "clean") and fast["exit_code"] == 0
+
+
+def test_torchs_cpp_header_is_stripped():
+    fast, slow = both(b"[rank0]:[W1206 03:01:58.473247741 ProcessGroupNCCL.cpp:1575] Warning: WARNING: "
+                      b"destroy_process_group() was not called before program exit\n"
+                      b"E1206 03:01:58.473247 12345 socket.cpp:9] NCCL error in: init.cc:1, ncclSystemError: System "
+                      b"call (e.g. socket, malloc) or external library call failed\n"
+                      b"(APIServer pid=1) INFO:     Application startup complete.\n")
+    assert fast == slow
+    nccl = next(f for f in fast["findings"] if f["id"] == "nccl-init-failed")
+    assert nccl["text"].startswith("NCCL error in:") and nccl["status"] == "fatal"

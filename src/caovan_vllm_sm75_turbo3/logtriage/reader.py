@@ -50,7 +50,11 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 _OUTER_STAMP = re.compile(
     r"^(?:\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?: ?(?:Z|[+-]\d\d:?\d\d))?(?: (?!(?:DEBUG|INFO|WARN|ERROR)\b)[A-Z]{2,5}(?= ))?\s+"
     r"|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \S+ [^\s:\[]+(?:\[\d+\])?: "
-    r"|[a-z0-9][\w.-]*\s*\| )")
+    r"|[a-z0-9][\w.-]*\s*\| "
+    # torch.distributed's rank on each line of a worker's error ("[rank0]: Traceback ..."), and
+    # torch's / glog's C++ header ("[W1206 03:01:58.473247741 ProcessGroupNCCL.cpp:1575] ",
+    # "E1206 03:01:58.473247 12345 nccl.cc:9] "), whose one-letter level is left unread
+    r"|\[rank\d+\]: ?|\[?[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +(?:\d+ )?[\w.-]+:\d+\] ?)")
 # "(NAME pid=PID) ": added to stdout/stderr by vllm/utils/system_utils.py `_add_prefix` (0.21), part of
 # the logger format itself in 0.34; older releases named workers "VllmWorker TP0"; Ray adds ", ip=...".
 _PROCESS = re.compile(r"^\((?P<proc>[A-Za-z_][\w.\- ]*?) pid=\d+(?:, ip=[^)]*)?\) ?")
@@ -95,7 +99,7 @@ def clean(raw: str, number: int = 0, prefix: re.Pattern[str] | None = None) -> L
     if prefix is not None and (m := prefix.match(text)) is not None:
         text = text[m.end():]
     for _ in range(2):   # `docker compose logs -t`: the service column, then the stamp
-        if not (text[:1].isalnum() and (m := _OUTER_STAMP.match(text))):
+        if not ((text[:1].isalnum() or text[:1] == "[") and (m := _OUTER_STAMP.match(text))):
             break
         text = text[m.end():]
     process = None

@@ -283,6 +283,9 @@ class _Reader:
         # traceback logged by a process's exit handler), both before the server was ready.
         self.first_error: LogLine | None = None
         self.stop: tuple[int, str] | None = None
+        # Once the server was ready: the first sign of a crash (STOP_WORDS, a fatal signal) before any
+        # shutdown mark; a shutdown after it is the crash's, not one someone asked for.
+        self.crash: int | None = None
         self._opened = 0   # the line that opened the latest traceback
         # Shared-memory waits are judged per episode: from the first wait to what ends it.
         self.wait_open = False
@@ -374,6 +377,10 @@ class _Reader:
         kind, tb_phase = self._track_traceback(ln)
         if self.ready_line is None and (self.first_error is None or self.stop is None):
             self._note_start_evidence(ln, kind)
+        elif self.ready_line is not None and self.crash is None and self.shutdown_line is None and (
+                any(w in text for w in STOP_WORDS)
+                or (any(w in text for w in _FATAL_WORDS) and FATAL_SIGNAL.search(text))):
+            self.crash = ln.number
         matched = own_state or self._match(ln, kind, tb_phase)
         if kind == "exception":
             frame_hit = self.frame_hits.pop(ln.process, None)
@@ -390,7 +397,7 @@ class _Reader:
                 or (any(w in text for w in _FATAL_WORDS) and FATAL_SIGNAL.search(text))):
             self.first_alarm = (ln, tb_phase or self.phase or "")
         self._track_http(ln)
-        if (self.shutdown_line is None if self.ready_line is not None else self.stop is None) and any(
+        if (self.shutdown_line is None and self.crash is None if self.ready_line is not None else self.stop is None) and any(
                 m in text for m in SHUTDOWN_MARKERS):
             self._note_marks(ln.number)
         if "Application startup complete" in text:
@@ -403,7 +410,8 @@ class _Reader:
     def _note_marks(self, number: int) -> None:
         """A shutdown's mark: asked for once the server was ready, the server stopping before."""
         if self.ready_line is not None:
-            self.shutdown_line = self.shutdown_line or number
+            if self.crash is None:   # after a crash, the shutdown is the crash's
+                self.shutdown_line = self.shutdown_line or number
         elif self.stop is None:
             self.stop = (number, "a shutdown")
 
