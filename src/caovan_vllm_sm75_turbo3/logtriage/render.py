@@ -6,7 +6,7 @@ import textwrap
 
 from ..policy.banner import header
 from ..textsafe import safe
-from .triage import Finding, Triage
+from .results import Finding, Triage
 
 WIDTH = 100
 VERDICT_WORDS = {
