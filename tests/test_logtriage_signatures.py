@@ -371,6 +371,12 @@ VARIANTS = [
     (V + "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1, unhandled system error "
      "(run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5\n", "nccl-init-failed", "fatal"),
     (V + '  File "/v/vllm/platforms/cuda.py", line 9, in check_if_supports_dtype\n', "bf16-unsupported", "fatal"),
+    (V + "RuntimeError: CUDA error: no kernel image is available for execution on the device\n",
+     "no-kernel-image", "fatal"),
+    ("ImportError: /opt/venv/lib/python3.12/site-packages/vllm/_C.abi3.so: undefined symbol: "
+     "_ZN3c104cuda9SetDeviceEa\n", "abi-mismatch", "fatal"),
+    ("(APIServer pid=1) RuntimeError: Failed to infer device type\n", "no-gpu-visible", "fatal"),
+    ("RuntimeError: No CUDA GPUs are available\n", "no-gpu-visible", "fatal"),
     ("The model's max seq len (29000) is larger than the maximum number of tokens that can be stored in KV cache "
      "(23648). Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing the "
      "engine.\n", "kv-cache-too-small", "fatal"),

@@ -406,6 +406,43 @@ SIGNATURES: tuple[Signature, ...] = (
                "or the GPUs of another node are not reachable."),
         fix=("Retry with NCCL_P2P_DISABLE=1; in docker add --ipc=host (or --shm-size 16g); set NCCL_DEBUG=INFO "
              "to see which step fails; `caovan-sm75-doctor` checks peer access between the GPUs.")),
+    # The CUDA runtime's cudaErrorNoKernelImageForDevice, raised through torch or a kernel library.
+    Signature(
+        id="no-kernel-image",
+        title="a CUDA library here has no code for this GPU",
+        needles=("no kernel image is available for execution on the device",),
+        rule=Rule.FATAL, role=Role.CAUSE,
+        cause=("A compiled CUDA library in this environment (vLLM's, torch's, or a kernel package's) was built "
+               "without code for this GPU's architecture (sm_75 on Turing) and without PTX the driver could "
+               "compile: wheels built for Ampere and later only, or a source build whose TORCH_CUDA_ARCH_LIST "
+               "left 7.5 out."),
+        fix=("Install builds that include sm_75 (vLLM's own PyPI wheels of 0.21-0.34 and torch's cu12x/cu13x "
+             "wheels do); rebuild a source build with TORCH_CUDA_ARCH_LIST=7.5; `caovan-sm75-doctor` names the "
+             "installed vLLM, torch and Triton.")),
+    # The dynamic loader through Python's ImportError: a compiled extension built against another torch.
+    Signature(
+        id="abi-mismatch",
+        title="a compiled extension does not match the installed torch",
+        needles=("undefined symbol:",),
+        confirm=re.compile(r"(?P<library>[\w./-]+\.so)\S*: undefined symbol: (?P<symbol>\S+)"),
+        rule=Rule.FATAL, role=Role.CAUSE,
+        cause=("An extension (vLLM's _C, FlashAttention, xformers, ...) was compiled against another torch than "
+               "the one installed: the symbol it needs is not there. It happens after torch was upgraded or "
+               "downgraded beside a vLLM wheel that pins another."),
+        fix=("Install the torch the vLLM release pins (`pip install vllm==X` brings it; `pip show vllm` lists "
+             "the pin), or reinstall the extension named here for the installed torch. Our wheel never changes "
+             "torch, Triton or vLLM.")),
+    # torch and vLLM's platform detection when no GPU is visible to the process (a container started
+    # without --gpus, a wrong CUDA_VISIBLE_DEVICES, a driver that is not loaded).
+    Signature(
+        id="no-gpu-visible",
+        title="no GPU is visible to vLLM",
+        needles=("Failed to infer device type", "No CUDA GPUs are available", "Found no NVIDIA driver on your system"),
+        rule=Rule.FATAL, role=Role.CAUSE,
+        cause=("vLLM found no CUDA GPU in this process: the container was started without the GPUs, "
+               "CUDA_VISIBLE_DEVICES names none that exists, or the NVIDIA driver is not loaded."),
+        fix=("Run `nvidia-smi` where vLLM runs; in docker add `--gpus all` (with the NVIDIA container toolkit); "
+             "check CUDA_VISIBLE_DEVICES; `caovan-sm75-doctor` reports the driver and the GPUs it sees.")),
     # vllm/platforms/cuda.py check_if_supports_dtype.
     Signature(
         id="bf16-unsupported",
