@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from caovan_vllm_sm75_turbo3.logtriage import shapes as shapes_mod
 from caovan_vllm_sm75_turbo3.logtriage import triage as triage_mod
+from caovan_vllm_sm75_turbo3.logtriage import words
 from caovan_vllm_sm75_turbo3.logtriage.reader import clean, read_lines
 
 LOGS = sorted((Path(__file__).parent / "data" / "logs").glob("*.log"))
@@ -227,4 +228,5 @@ def test_every_word_feed_looks_for_is_a_trigger():
     triggers = set(triage_mod._TRIGGERS)
     assert {n for n, _ in triage_mod._NEEDLES} <= triggers
     assert {m for m, _ in triage_mod.PHASE_MARKERS} <= triggers
-    assert set(triage_mod.SHUTDOWN_MARKERS) | set(triage_mod._FATAL_WORDS) | {"Caovan", "HTTP/", "Traceback"} <= triggers
+    assert set(words.SHUTDOWN_MARKERS) | set(words._FATAL_WORDS) | {"Caovan", "HTTP/", "Traceback"} <= triggers
+    assert set(words.STOP_WORDS) <= triggers   # the start rule's and a crash's words

@@ -28,7 +28,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 from ..errors import CaovanError
 
@@ -89,14 +89,14 @@ class LogLine:
     source: str | None = None
 
 
-def clean(raw: str, number: int = 0, prefix: re.Pattern[str] | None = None) -> LogLine:
+def clean(raw: str, number: int = 0, prefix: LearntPrefix | None = None) -> LogLine:
     """Strip colours, control characters and the prefixes vLLM, uvicorn and log collectors add;
     first `prefix`, where the log's head taught one (learn_prefix)."""
     text = _ANSI.sub("", raw) if "\x1b" in raw else raw   # the fast paths keep reading at tens of MB/s
     if not text.isprintable():
         text = _CONTROL.sub("", text)
     text = text.rstrip()
-    if prefix is not None and (m := prefix.match(text)) is not None:
+    if prefix is not None and (m := prefix.pattern.match(text)) is not None:
         text = text[m.end():]
     for _ in range(2):   # `docker compose logs -t`: the service column, then the stamp
         if not ((text[:1].isalnum() or text[:1] == "[") and (m := _OUTER_STAMP.match(text))):
@@ -118,10 +118,17 @@ def clean(raw: str, number: int = 0, prefix: re.Pattern[str] | None = None) -> L
     return LogLine(number, text, process, level, source)
 
 
-def learn_prefix(raws: list[bytes]) -> re.Pattern[str] | None:
+class LearntPrefix(NamedTuple):
+    """A prefix of no known form a log's head taught (learn_prefix)."""
+
+    pattern: re.Pattern[str]   # what `clean` strips first: digit runs match any digits, space runs any spaces
+    end: bytes                 # its last character that is not a space: a line ending in it may be only the
+    #                            prefix (logtriage/shapes.py tells no such line at sight)
+
+
+def learn_prefix(raws: list[bytes]) -> LearntPrefix | None:
     """A prefix of no known form that most of these lines (a log's head) carry before vLLM's own
-    line, as a pattern for `clean`: digit runs match any digits, space runs any spaces. None when
-    no one prefix stands before vLLM's line in LEARN_SHARE of them (at least 3)."""
+    line. None when no one prefix stands before vLLM's line in LEARN_SHARE of them (at least 3)."""
     counts: dict[str, int] = {}
     lines = 0
     for raw in raws[:LEARN_LINES]:
@@ -140,16 +147,7 @@ def learn_prefix(raws: list[bytes]) -> re.Pattern[str] | None:
     if n < 3 or n < LEARN_SHARE * lines:
         return None
     pattern = "".join(r"\d+" if ch == "0" else " +" if ch == " " else re.escape(ch) for ch in shape)
-    return re.compile(pattern)
-
-
-def prefix_end(prefix: re.Pattern[str] | None) -> bytes:
-    """The last character of a learnt prefix that is not a space (what ends a line that is only
-    the prefix: logtriage/shapes.py tells no such line at sight)."""
-    if prefix is None:
-        return b""
-    text = re.sub(r"\\d\+", "0", prefix.pattern).replace(" +", " ").replace("\\", "").rstrip()
-    return text[-1:].encode("ascii", "replace")
+    return LearntPrefix(re.compile(pattern), shape.rstrip()[-1:].encode("ascii", "replace"))
 
 
 def split_pasted(line: bytes) -> list[bytes]:
@@ -161,6 +159,11 @@ def split_pasted(line: bytes) -> list[bytes]:
     if len(cuts) < 2:   # one line with something after it that looks like a start
         return [line]
     return [p for p in (line[a:b] for a, b in zip([0, *cuts], [*cuts, len(line)])) if p.strip()]
+
+
+def _capped(line: bytes) -> bytes:
+    """A line of at most MAX_LINE_BYTES: a longer one keeps its first and last KEEP_BYTES."""
+    return line if len(line) <= MAX_LINE_BYTES else line[:KEEP_BYTES] + b" ... " + line[-KEEP_BYTES:]
 
 
 def strip_colours(raw: bytes) -> bytes:
@@ -195,32 +198,24 @@ def numbered_lines(stream: BinaryIO) -> Iterator[tuple[int, bytes]]:
         for line in lines:
             number += 1
             if len(line) >= PASTED_MIN_BYTES and len(pieces := split_pasted(line)) > 1:
-                yield from ((number, p if len(p) <= MAX_LINE_BYTES else p[:KEEP_BYTES] + b" ... " + p[-KEEP_BYTES:])
-                            for p in pieces)
+                yield from ((number, _capped(p)) for p in pieces)
                 continue
-            if len(line) > MAX_LINE_BYTES:
-                line = line[:KEEP_BYTES] + b" ... " + line[-KEEP_BYTES:]
+            if len(line) > MAX_LINE_BYTES:   # the test inline: a call per line costs at tens of MB/s
+                line = _capped(line)
             if line.strip():
                 yield number, line
         if len(rest) > MAX_LINE_BYTES:
-            pieces = split_pasted(rest)   # a pasted log: its lines go out as they are found
-            for piece in pieces[:-1]:
-                if piece.strip():
-                    yield number + 1, piece if len(piece) <= MAX_LINE_BYTES else (
-                        piece[:KEEP_BYTES] + b" ... " + piece[-KEEP_BYTES:])
-            rest = pieces[-1]
+            *pieces, rest = split_pasted(rest)   # a pasted log: its lines go out as they are found
+            yield from ((number + 1, _capped(p)) for p in pieces)
         if len(rest) > MAX_LINE_BYTES:
             head, tail, rest = rest[:KEEP_BYTES], rest[-KEEP_BYTES:], b""
     if head is not None:
         yield number + 1, head + b" ... " + tail
     else:
-        for piece in split_pasted(rest):
-            if piece.strip():
-                yield number + 1, piece if len(piece) <= MAX_LINE_BYTES else (
-                    piece[:KEEP_BYTES] + b" ... " + piece[-KEEP_BYTES:])
+        yield from ((number + 1, _capped(p)) for p in split_pasted(rest) if p.strip())
 
 
-def line_pieces(number: int, line: bytes, prefix: re.Pattern[str] | None = None) -> Iterator[LogLine]:
+def line_pieces(number: int, line: bytes, prefix: LearntPrefix | None = None) -> Iterator[LogLine]:
     """The cleaned, non-empty pieces of one line: `\r` splits it (tqdm progress bars, and vLLM's
     multi-line messages end their lines with `\r\n`); bytes that are not UTF-8 become U+FFFD.
     A piece without a process prefix keeps the one its line's first piece named."""

@@ -103,7 +103,7 @@ class Shapes:
         self._frame = frame
         self.seen: dict[bytes, Shape] = {}
         # The last characters of the prefixes `clean` strips (a stamp's zone name: any capital),
-        # and of a prefix the log's head taught (reader.prefix_end): a line ending in one may be
+        # and of a prefix the log's head taught (reader.LearntPrefix.end): a line ending in one may be
         # nothing but a prefix, so it is not told at sight.
         self.prefix_ends = b")]:0Z|"
 

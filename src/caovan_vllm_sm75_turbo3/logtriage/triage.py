@@ -4,7 +4,6 @@ first real failure and its likely cause, then every known message judged harmles
 from __future__ import annotations
 
 import itertools
-import re
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -12,16 +11,16 @@ from typing import BinaryIO
 
 from ..errors import CaovanError
 from ..policy.banner import HEADER_RE
-from .reader import (LEARN_LINES, LogLine, clean, learn_prefix, line_pieces, numbered_lines, open_log, prefix_end,
+from .reader import (LEARN_LINES, LearntPrefix, LogLine, clean, learn_prefix, line_pieces, numbered_lines, open_log,
                      strip_colours)
 from .results import CaovanSummary, Failure, Finding, Triage
 from .shapes import Shape, Shapes
 from .signatures import BY_ID, CONTEXT_LINES, SIGNATURES, Role, Rule, Signature
 from .verdict import EndOfLog
-from .words import (_FATAL_WORDS, _LOUD_LEVELS, _NEEDLES, _TRIGGERS, ACCESS, BANNER_MORE, BLOCK_LINES, ERROR_WORDS,
-                    EXCEPTION, EXIT_HANDLERS, FATAL_SIGNAL, FRAME, GDN_STATE, KERNEL_LAUNCH, MAX_PROCESSES, MAX_STATES,
-                    MAX_STATUS_KEYS, MAX_TEXT, NOT_FAILURES, PHASE_FRAMES, PHASE_MARKERS, SHUTDOWN_MARKERS,
-                    STATUS_LINE, STOP_WORDS, TURBO_LINE, VLLM_VERSION, WARMUP_LINE, WORKER_LINE, goes_on_traceback)
+from .words import (_LOUD_LEVELS, _NEEDLES, _TRIGGERS, ACCESS, BANNER_MORE, BLOCK_LINES, ERROR_WORDS, EXCEPTION,
+                    EXIT_HANDLERS, FRAME, GDN_STATE, KERNEL_LAUNCH, MAX_PROCESSES, MAX_STATES, MAX_STATUS_KEYS, MAX_TEXT,
+                    NOT_FAILURES, PHASE_FRAMES, PHASE_MARKERS, SHUTDOWN_MARKERS, STATUS_LINE, TURBO_LINE, VLLM_VERSION,
+                    WARMUP_LINE, WORKER_LINE, fatal_signal, goes_on_traceback, stop_word)
 
 __all__ = ["CaovanSummary", "Failure", "Finding", "Triage", "triage_lines", "triage_path", "triage_stream"]
 
@@ -59,7 +58,7 @@ class _Reader(EndOfLog):
         self.first_unknown: tuple[LogLine, str] | None = None
         self.shutdown_line: int | None = None   # where a requested shutdown of a server that was ready began
         self.needles: tuple[tuple[str, int], ...] = _NEEDLES   # those that may be in the current line
-        self.prefix: re.Pattern[str] | None = None   # a prefix of no known form the log's head taught
+        self.prefix: LearntPrefix | None = None   # a prefix of no known form the log's head taught
         # The first alarm of any kind not explained by a signature: an unknown exception, an
         # AssertionError, a CRITICAL line, a fatal signal (with its phase), for a start that never got ready.
         self.first_alarm: tuple[LogLine, str] | None = None
@@ -83,7 +82,8 @@ class _Reader(EndOfLog):
         it = iter(lines)
         head = list(itertools.islice(it, LEARN_LINES))
         self.prefix = learn_prefix([raw for _, raw in head])
-        self.shapes.prefix_ends += prefix_end(self.prefix)
+        if self.prefix is not None:
+            self.shapes.prefix_ends += self.prefix.end
         it = itertools.chain(head, it)
         while block := list(itertools.islice(it, BLOCK_LINES)):
             self._read_block(block)
@@ -127,9 +127,8 @@ class _Reader(EndOfLog):
             if shape.empty:
                 continue
             full = (shape.full or self.pending or self.in_banner
-                    or (shape.raw_words and any(map(raw.__contains__, shape.raw_words))))
-            if not full and shape.frame and not self.tracebacks:   # a frame opens a traceback
-                full = True
+                    or (shape.raw_words and any(map(raw.__contains__, shape.raw_words)))
+                    or (shape.frame and not self.tracebacks))   # a frame opens a traceback
             if not full and self.tracebacks:   # open: a line going on with its process's only pins a phase
                 if shape.goes_on is None:   # told at sight: what it is in a traceback is learnt now
                     ln = ln or self.clean(raw, number)
@@ -162,9 +161,7 @@ class _Reader(EndOfLog):
         kind, tb_phase = self._track_traceback(ln)
         if self.ready_line is None and (self.first_error is None or self.stop is None):
             self._note_start_evidence(ln, kind)
-        elif self.ready_line is not None and self.crash is None and self.shutdown_line is None and (
-                any(w in text for w in STOP_WORDS)
-                or (any(w in text for w in _FATAL_WORDS) and FATAL_SIGNAL.search(text))):
+        elif self.ready_line is not None and self.crash is None and self.shutdown_line is None and stop_word(text):
             self.crash = ln.number
         matched = own_state or self._match(ln, kind, tb_phase)
         if kind == "exception":
@@ -178,8 +175,7 @@ class _Reader(EndOfLog):
             elif not matched:
                 self._note_unknown_exception(ln, tb_phase)
         elif not matched and self.first_alarm is None and not own_state and (
-                ln.level == "CRITICAL" or text.startswith("AssertionError")
-                or (any(w in text for w in _FATAL_WORDS) and FATAL_SIGNAL.search(text))):
+                ln.level == "CRITICAL" or text.startswith("AssertionError") or fatal_signal(text)):
             self.first_alarm = (ln, tb_phase or self.phase or "")
         self._track_http(ln)
         if (self.shutdown_line is None and self.crash is None if self.ready_line is not None else self.stop is None) and any(
@@ -207,14 +203,12 @@ class _Reader(EndOfLog):
                 text.strip(" ^~")):   # a caret line under a frame says nothing by itself
             self.first_error = ln
         if self.stop is None:
-            word = next((w for w in STOP_WORDS if w in text), None)
-            if word is None and kind == "traceback" and self._opened == ln.number and ln.level == "ERROR" and (
-                    ln.source or "").startswith(EXIT_HANDLERS):
-                word = f"a traceback logged by {ln.source.split(':')[0]}, whose process then ends"
-            elif word is None and kind == "traceback" and self._opened == ln.number and ln.level is None:
-                word = "a traceback Python printed for an uncaught exception, whose process then ends"
-            if word is None and any(w in text for w in _FATAL_WORDS) and FATAL_SIGNAL.search(text):
-                word = "a fatal signal"
+            word = stop_word(text)
+            if word is None and kind == "traceback" and self._opened == ln.number:   # the traceback's first line
+                if ln.level == "ERROR" and (ln.source or "").startswith(EXIT_HANDLERS):
+                    word = f"a traceback logged by {ln.source.split(':')[0]}, whose process then ends"
+                elif ln.level is None:
+                    word = "a traceback Python printed for an uncaught exception, whose process then ends"
             if word is not None:
                 self.stop = (ln.number, word)
 

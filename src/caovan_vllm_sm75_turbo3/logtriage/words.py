@@ -102,3 +102,13 @@ def goes_on_traceback(text: str) -> tuple[bool, str | None]:
         m = FRAME.search(text)
         return True, PHASE_FRAMES.get(m.group("func")) if m else None
     return False, None
+
+
+def fatal_signal(text: str) -> bool:
+    """Whether a line says a process ended by a signal (the regex runs only where a word of it is)."""
+    return any(w in text for w in _FATAL_WORDS) and FATAL_SIGNAL.search(text) is not None
+
+
+def stop_word(text: str) -> str | None:
+    """What in a line shows the engine or server stopping: one of STOP_WORDS, or a fatal signal."""
+    return next((w for w in STOP_WORDS if w in text), None) or ("a fatal signal" if fatal_signal(text) else None)
