@@ -17,7 +17,7 @@ from caovan_vllm_sm75_turbo3 import __version__
 from caovan_vllm_sm75_turbo3.caches.layout import read_manifest
 from caovan_vllm_sm75_turbo3.cli.serve import split_argv
 from caovan_vllm_sm75_turbo3.config import load_settings
-from caovan_vllm_sm75_turbo3.policy.accel import gdn_state
+from caovan_vllm_sm75_turbo3.policy.decision import decide
 from caovan_vllm_sm75_turbo3.runtime.facts import Facts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,7 +63,7 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tmp_path):
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     settings = load_settings({}, {"caovan_require_turbo3": True})
-    gdn = gdn_state(Facts.load(FACTS), settings)
+    gdn = decide(settings, Facts.load(FACTS)).gdn
     assert lines[:6] == [f"Caovan vLLM SM75 Turbo3 external plugin v{__version__}", "runtime=PASS", "sm75=2/2",
                          "flashinfer_sampler=disabled-sm75-guard", "post_start_warmup=disabled-default",
                          f"gdn_legacy={gdn.line}"]

@@ -221,7 +221,7 @@ def test_a_weight_file_that_is_a_device_is_named(tmp_path):
 
 
 def test_a_huge_max_num_seqs_keeps_the_plan_small(tmp_path):
-    from caovan_vllm_sm75_turbo3.policy.launch_fill import MAX_CAPTURE_TOKENS, capture_sizes
+    from caovan_vllm_sm75_turbo3.policy.fill_decode import MAX_CAPTURE_TOKENS, capture_sizes
     assert capture_sizes(10**8, 3)[-1] <= MAX_CAPTURE_TOKENS and len(capture_sizes(10**8, 3)) == MAX_CAPTURE_TOKENS // 4
     assert capture_sizes(2, 3) == [4, 8] and capture_sizes(1, 1000) == [1001]
     model = str(ROOT / "examples" / "models" / "qwen3.6-27b-awq")

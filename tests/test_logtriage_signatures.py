@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from caovan_vllm_sm75_turbo3.logtriage.reader import read_lines
-from caovan_vllm_sm75_turbo3.logtriage.signatures import SIGNATURES, Rule
+from caovan_vllm_sm75_turbo3.logtriage.signature import Rule
+from caovan_vllm_sm75_turbo3.logtriage.signatures import SIGNATURES
 from caovan_vllm_sm75_turbo3.logtriage.triage import Triage, triage_lines, triage_path
 
 LOGS = Path(__file__).resolve().parent / "data" / "logs"

@@ -9,7 +9,7 @@ import sys
 import textwrap
 
 import pytest
-from helpers.facts import ROOT
+from helpers.facts import EXAMPLES, ROOT
 
 from caovan_vllm_sm75_turbo3.policy import vllm_versions as vv
 
@@ -30,12 +30,13 @@ def test_installed_vllm_matches_its_committed_row():
 
 
 def test_install_arranges_nothing_where_vllm_serves_fp8_itself(monkeypatch):
+    from caovan_vllm_sm75_turbo3.plugin import context
     from caovan_vllm_sm75_turbo3.plugin.attention import controller
 
-    monkeypatch.setattr(controller, "vllm_version", lambda: "0.21.0")
-    assert controller.install({}) is None
-    monkeypatch.setattr(controller, "vllm_version", lambda: "0.35.0")
-    assert controller.install({}) is None
+    env = {"CAOVAN_FACTS": str(EXAMPLES / "2x2080ti-22g.json")}
+    for version in ("0.21.0", "0.35.0"):
+        monkeypatch.setattr(context, "vllm_version", lambda v=version: v)
+        assert controller.install(ctx=context.ProcessContext(env)) is None
 
 
 _CHILD = textwrap.dedent("""

@@ -31,7 +31,7 @@ def test_settings_and_facts_are_read_once(monkeypatch):
     monkeypatch.setattr(context_mod, "load_facts", count_facts)
     ctx = ProcessContext({"CAOVAN_FACTS": FACTS}, ARGV)
     for _ in range(3):
-        assert ctx.settings.turbo == "off" and ctx.facts.sm75_count == 2 and ctx.turbo.line == "off-by-user"
+        assert ctx.settings.turbo == "off" and ctx.facts.sm75_count == 2 and ctx.decision.turbo.line == "off-by-user"
     assert calls == {"settings": 1, "facts": 1}
 
 

@@ -17,7 +17,8 @@ import pytest
 
 from caovan_vllm_sm75_turbo3.config import load_settings
 from caovan_vllm_sm75_turbo3.plugin.dispatch import after_import
-from caovan_vllm_sm75_turbo3.plugin.dispatch.controller import FAMILIES, installed_source
+from caovan_vllm_sm75_turbo3.plugin.dispatch.controller import FAMILIES
+from caovan_vllm_sm75_turbo3.plugin.installed_vllm import installed_source
 from caovan_vllm_sm75_turbo3.plugin.dispatch.interface import check_sources, module_file
 from caovan_vllm_sm75_turbo3.plugin.dispatch.legacy_gdn_v020 import INTERFACE as LEGACY
 from caovan_vllm_sm75_turbo3.plugin.dispatch.modular_qwen_gdn_v022 import INTERFACE as MODULAR
@@ -26,7 +27,7 @@ from caovan_vllm_sm75_turbo3.plugin.dispatch.precompile import (
 from caovan_vllm_sm75_turbo3.plugin.dispatch.state import (
     DISABLED, UPSTREAM, DispatchState, failure_line)
 from caovan_vllm_sm75_turbo3.policy import vllm_versions as vv
-from caovan_vllm_sm75_turbo3.policy.accel import gdn_state
+from caovan_vllm_sm75_turbo3.policy.decision import decide
 from caovan_vllm_sm75_turbo3.runtime.facts import Facts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -287,16 +288,18 @@ def test_lines_are_the_documented_ones():
 
 def test_the_launchers_prediction_uses_the_dispatch_words():
     facts = Facts.load(ROOT / "examples" / "2x2080ti-22g.json")
-    assert gdn_state(facts, load_settings({})).line == LEGACY.name  # what the worker logs when active
-    assert gdn_state(facts, load_settings({"CAOVAN_GDN_LEGACY_DISABLE": "1"})).line == DISABLED
-    assert gdn_state(facts, load_settings({"CAOVAN_MODE": "guards"})).line == UPSTREAM
+    assert decide(load_settings({}), facts).gdn.line == LEGACY.name  # what the worker logs when active
+    assert decide(load_settings({"CAOVAN_GDN_LEGACY_DISABLE": "1"}), facts).gdn.line == DISABLED
+    assert decide(load_settings({"CAOVAN_MODE": "guards"}), facts).gdn.line == UPSTREAM
 
 
 def test_an_unexpected_error_while_deciding_falls_back_instead_of_breaking_model_construction(caplog):
     from caovan_vllm_sm75_turbo3.plugin.dispatch.controller import Dispatch
 
+    from caovan_vllm_sm75_turbo3.plugin.context import ProcessContext
+
     env = {"CAOVAN_FACTS": str(ROOT / "examples" / "2x2080ti-22g.json")}
-    d = Dispatch(load_settings(env), env, interface=LEGACY, facts=Facts.load(env["CAOVAN_FACTS"]))
+    d = Dispatch(ProcessContext(env), interface=LEGACY)
     with caplog.at_level("INFO", logger="caovan_vllm_sm75_turbo3"):
         assert d.take_over(SimpleNamespace()) is None  # not an op vLLM would build: something raises
         assert d.take_over(SimpleNamespace()) is None  # decided once; no second attempt

@@ -45,6 +45,7 @@ HARNESS = textwrap.dedent("""
     P._current_platform = CpuPlatform()  # what vLLM resolves on a machine without a GPU
     sys.argv = ["/venv/bin/vllm", "serve", sc["model"]]
     import vllm.plugins
+    from vllm.engine.arg_utils import EngineArgs
     try:
         for i in range(sc["loads"]):
             if i and sc["fresh_plugin_state"]:
@@ -55,7 +56,8 @@ HARNESS = textwrap.dedent("""
                 reg._REGISTERED = False
                 ctl._DISPATCH = None
                 vllm.plugins.plugins_loaded = False
-            vllm.plugins.load_general_plugins()
+            # vLLM loads plugins from EngineArgs.__post_init__ (an LLM(...)), with the settings in hand
+            EngineArgs(model=sc["model"], additional_config=sc["additional_config"])
     except Exception as err:
         out["load_error"] = f"{type(err).__name__}: {err}"
 
@@ -178,11 +180,17 @@ def test_disable_switch_keeps_vllms_op_and_says_so(tmp_path):
                            "kernel=vllm-upstream why=CAOVAN_GDN_LEGACY_DISABLE=1 (env CAOVAN_GDN_LEGACY_DISABLE)")
 
 
-def test_disable_from_additional_config_reaches_the_worker_side_decision(tmp_path):
+def test_disable_from_additional_config_is_decided_once_before_any_op(tmp_path):
+    # LLM(additional_config=...): the process's one decision reads it where vLLM loads plugins, so the
+    # dispatch never registers our op (before, it registered and only the op's first build said no).
     out = scenario(tmp_path, additional_config={"caovan_gdn_legacy_disable": True})
-    assert out["op_class"] == "CaovanChunkGatedDeltaRule" and out["forward_method"] == "forward_native"
+    assert "build_error" not in out and "load_error" not in out, out
+    assert out["ours_registered"] == 0 and out["op_is_upstream_class"] and out["forward_method"] == "forward_native"
     [line] = state_lines(out)
     assert "gdn_legacy=disabled-by-user" in line and "additional-config caovan_gdn_legacy_disable" in line
+    banner = next(r for r in out["records"] if r.startswith("Caovan vLLM SM75 Turbo3 external plugin"))
+    assert "\ngdn_legacy=disabled-by-user\n" in banner
+    assert not any("decided from" in r for r in out["records"])   # vLLM's config and the decision agree
 
 
 def test_a_model_our_kernel_refuses_falls_back_with_the_exact_line(tmp_path):

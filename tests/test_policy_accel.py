@@ -11,8 +11,8 @@ from helpers.facts import ROOT, RTX3090, TI22, facts_dict
 from caovan_vllm_sm75_turbo3.config import load_settings
 from caovan_vllm_sm75_turbo3.kernels.turbo.allowlist import load_allowlist, triton_version_matches
 from caovan_vllm_sm75_turbo3.plugin.dispatch.controller import turbo_problem
-from caovan_vllm_sm75_turbo3.policy.accel import gdn_state
-from caovan_vllm_sm75_turbo3.policy.plan import make_plan
+from caovan_vllm_sm75_turbo3.policy.decision import decide
+from helpers.plans import plan_from
 from caovan_vllm_sm75_turbo3.policy import vllm_versions as vv
 from caovan_vllm_sm75_turbo3.policy.turbo import GDN_KERNELS, HOOK_TRITON_VERSIONS, decide_turbo
 from caovan_vllm_sm75_turbo3.policy.vllm_args import read_vllm_args
@@ -21,7 +21,7 @@ from caovan_vllm_sm75_turbo3.runtime.facts import Facts
 def _plan(triton: str | None, vllm: str = "0.21.0", env: dict[str, str] | None = None, gpus=None):
     data = facts_dict(versions={"triton": triton, "vllm": vllm}, **({"gpus": gpus} if gpus else {}))
     facts = Facts.from_dict(data)
-    return make_plan(facts, load_settings(env or {}), env or {}, read_vllm_args(["m"]))
+    return plan_from(facts, load_settings(env or {}), env or {}, read_vllm_args(["m"]))
 
 
 def test_verified_triton_puts_our_prefill_in_charge_and_says_turbo() -> None:
@@ -74,7 +74,7 @@ def _model_plan(model: str, vllm: str, triton: str, *argv: str, env: dict[str, s
     from caovan_vllm_sm75_turbo3.runtime.model import model_shape, read_model
     shape = model_shape(read_model(str(ROOT / "examples" / "models" / model)).config)
     facts = Facts.from_dict(facts_dict(versions={"triton": triton, "vllm": vllm}))
-    return make_plan(facts, load_settings(env or {}), env or {}, read_vllm_args(["m", *argv]), shape=shape)
+    return plan_from(facts, load_settings(env or {}), env or {}, read_vllm_args(["m", *argv]), shape=shape)
 
 
 def test_status_follows_the_model() -> None:
@@ -97,7 +97,7 @@ def test_never_claims_tensor_cores_the_hook_cannot_give(turbo, triton, vllm, mod
     env = {"CAOVAN_TURBO": turbo, "CAOVAN_MODE": mode}
     facts = Facts.from_dict(facts_dict(versions={"triton": triton, "vllm": vllm}, gpus=gpus))
     settings = load_settings(env)
-    state = gdn_state(facts, settings)
+    state = decide(settings, facts).gdn
     hook = decide_turbo(facts, settings, triton)
     assert state.turbo == hook  # the plan reports the same decision register() acts on
     if state.active:

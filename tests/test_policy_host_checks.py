@@ -19,7 +19,7 @@ from caovan_vllm_sm75_turbo3.errors import FactsError
 from caovan_vllm_sm75_turbo3.policy import host_checks as H
 from caovan_vllm_sm75_turbo3.policy.banner import banner_lines
 from caovan_vllm_sm75_turbo3.policy.checks import Status, run_checks
-from caovan_vllm_sm75_turbo3.policy.plan import make_plan
+from helpers.plans import plan_from
 from caovan_vllm_sm75_turbo3.policy.vllm_args import read_vllm_args
 from caovan_vllm_sm75_turbo3.runtime import host
 from caovan_vllm_sm75_turbo3.runtime.facts import Facts
@@ -192,7 +192,7 @@ def test_host_findings_reach_the_doctor_and_its_exit_code(write_facts):
 
 def test_the_banner_shows_host_findings_with_their_fix():
     f = Facts.from_dict(good({"pcie_width": 4, "pcie_width_max": 16}, cpu_governors=["ondemand"]), source="test")
-    plan = make_plan(f, load_settings({}), {}, read_vllm_args(["/models/qwen", "--tensor-parallel-size", "2"]))
+    plan = plan_from(f, load_settings({}), {}, read_vllm_args(["/models/qwen", "--tensor-parallel-size", "2"]))
     lines = banner_lines(plan)
     assert "runtime=WARN" in lines and plan.stop_reason() is None  # findings never stop a launch
     gov = next(x for x in lines if x.startswith("check host-cpu-governor=WARN: "))

@@ -10,7 +10,8 @@ import pytest
 from helpers.facts import EXAMPLES, facts_dict
 
 from caovan_vllm_sm75_turbo3.errors import SettingError
-from caovan_vllm_sm75_turbo3.policy.launch_fill import capture_sizes, conservative_tp, fill_launch
+from caovan_vllm_sm75_turbo3.policy.fill_decode import capture_sizes
+from caovan_vllm_sm75_turbo3.policy.launch_fill import conservative_tp, fill_launch
 from caovan_vllm_sm75_turbo3.policy.profiles import load_table
 from caovan_vllm_sm75_turbo3.policy.vllm_versions import release_pins
 from caovan_vllm_sm75_turbo3.policy.turbo import TurboDecision

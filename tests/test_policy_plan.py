@@ -7,12 +7,14 @@ from helpers.facts import RTX3090, TI22, facts_dict
 
 from caovan_vllm_sm75_turbo3 import __version__
 from caovan_vllm_sm75_turbo3.config import load_settings
-from caovan_vllm_sm75_turbo3.policy import plan as plan_module
+from caovan_vllm_sm75_turbo3.policy import decision as decision_module
 from caovan_vllm_sm75_turbo3.policy.accel import GdnState
 from caovan_vllm_sm75_turbo3.policy.turbo import TurboDecision
-from caovan_vllm_sm75_turbo3.policy.banner import HEADER_RE, banner_lines, header
+from caovan_vllm_sm75_turbo3.logformat import HEADER_RE
+from caovan_vllm_sm75_turbo3.policy.banner import banner_lines, header
 from caovan_vllm_sm75_turbo3.policy.guards import CacheState
-from caovan_vllm_sm75_turbo3.policy.plan import FilledArg, make_plan
+from caovan_vllm_sm75_turbo3.policy.plan import FilledArg
+from helpers.plans import plan_from
 from caovan_vllm_sm75_turbo3.policy.vllm_args import read_vllm_args
 from caovan_vllm_sm75_turbo3.runtime.facts import Facts
 from caovan_vllm_sm75_turbo3.runtime.flashinfer_probe import SamplerProbe
@@ -36,7 +38,7 @@ def cache_state(empty: bool = False, others: tuple[str, ...] = ()) -> CacheState
 
 def plan_for(f: Facts | None = None, env: dict | None = None, cache: CacheState | None = None, **kw):
     env = dict(env or {})
-    return make_plan(f or facts(), load_settings(env), env, kw.pop("args", ARGS), cache, **kw)
+    return plan_from(f or facts(), load_settings(env), env, kw.pop("args", ARGS), cache, **kw)
 
 
 def changes(plan) -> dict[str, tuple[str, str]]:
@@ -172,7 +174,7 @@ def test_refusal_follows_the_accelerated_path_state(monkeypatch, active):
     turbo = (TurboDecision(True, True, "auto", "verified", "3.6.0") if active
              else TurboDecision(False, True, "off-by-user", "turbo off", "3.6.0"))
     state = GdnState("caovan-sm75" if active else "upstream", active, ("reason one", "reason two"), turbo)
-    monkeypatch.setattr(plan_module, "gdn_state", lambda f, s, shape=None: state)
+    monkeypatch.setattr(decision_module, "gdn_state", lambda *a, **kw: state)
     required = plan_for(env={"CAOVAN_REQUIRE_TURBO3": "1"})
     assert required.status["gdn_legacy"] == state.line
     assert required.status["turbo3"] == ("active" if active else "inactive")
@@ -189,7 +191,7 @@ def test_require_turbo3_from_additional_config_names_its_source():
     args = read_vllm_args(["m", "--additional-config",
                            '{"caovan_require_turbo3":true,"caovan_gdn_legacy_disable":true,"caovan_turbo":"off"}'])
     settings = load_settings({}, args.additional_config)
-    plan = make_plan(facts(), settings, {}, args)
+    plan = plan_from(facts(), settings, {}, args)
     assert "additional-config caovan_require_turbo3" in plan.refusal
 
 

@@ -13,7 +13,8 @@ import pytest
 from helpers.facts import EXAMPLES, ROOT, facts_dict
 
 from caovan_vllm_sm75_turbo3.policy import vllm_versions as vv
-from caovan_vllm_sm75_turbo3.policy.launch_fill import ProfileArg, fill_launch
+from caovan_vllm_sm75_turbo3.policy.fill_base import ProfileArg
+from caovan_vllm_sm75_turbo3.policy.launch_fill import fill_launch
 from caovan_vllm_sm75_turbo3.policy.profile_validate import (
     check_args,
     example_facts,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -269,3 +270,79 @@ def test_failed_starts_are_named(lane, name, model, extra, env, cause, words):
     model_dir = lane.get(model, lane["root"] / model)
     _failed_start(vllm_serve(model_dir, free_port(), log, lane_env(lane["root"] / f"home-{name}", **env), *extra),
                   lane, cause, words)
+
+
+# -- one decision per process, whatever source the settings come from (issue 39) ----------------------
+
+def _status(text: str) -> dict[str, str]:
+    """The first banner's key=value lines."""
+    lines = text.splitlines()
+    start = next(i for i, ln in enumerate(lines) if "Caovan vLLM SM75 Turbo3 external plugin v" in ln)
+    out = {}
+    for ln in lines[start + 1:]:
+        m = re.search(r"(?:^|\] )([a-z][a-z0-9_]*)=(\S+)$", ln)
+        if not m:
+            break
+        out[m.group(1)] = m.group(2)
+    return out
+
+
+def test_settings_in_a_config_yaml_reach_the_banner_and_every_process(lane):
+    """`vllm serve MODEL --config FILE.yaml` with the plugin's settings in the file's additional-config:
+    the banner (first process) and the GDN line of the engine's processes say what the file asked."""
+    cfg = lane["root"] / "serve.yaml"
+    cfg.write_text(f"served-model-name: {MODEL}\nmax-model-len: {CONTEXT}\nmamba-ssm-cache-dtype: float32\n"
+                   "additional-config:\n  caovan_turbo: off\n  caovan_gdn_legacy_disable: true\n")
+    log = lane["logs"] / "vllm_serve_config_yaml.log"
+    env = lane_env(lane["root"] / "home-yaml", CAOVAN_FACTS=str(FACTS), CAOVAN_CACHE_DIR=str(lane["root"] / "cache-yaml"))
+    srv = vllm_serve(lane["hybrid"], free_port(), log, env, "--config", str(cfg)).start()
+    try:
+        assert srv.wait_ready(MODEL), _tail(log)
+        _served(srv, "vllm serve --config FILE.yaml (plugin settings in the file)")
+    finally:
+        srv.stop()
+    text = log.read_text(errors="replace")
+    status = _status(text)
+    assert (status["turbo"], status["gdn_legacy"], status["turbo3"]) == ("off-by-user", "disabled-by-user", "inactive")
+    gdn = re.findall(r"GDN prefill: gdn_legacy=(\S+) .* why=(.*)$", text, re.M)
+    assert gdn and all(state == "disabled-by-user" and "additional-config caovan_gdn_legacy_disable" in why
+                       for state, why in gdn), gdn
+    assert "decided from" not in text   # no process found settings its decision had not read
+    _keep(log, lane)
+
+
+LLM_SCRIPT = """
+import sys
+from vllm import LLM, SamplingParams
+llm = LLM(model=sys.argv[1], load_format="dummy", dtype="bfloat16", max_model_len={context},
+          mamba_ssm_cache_dtype="float32", additional_config={{"caovan_mode": "guards"}})
+out = llm.generate(["a prompt of a few words"], SamplingParams(max_tokens=2, ignore_eos=True))
+print("GENERATED", len(out[0].outputs[0].token_ids), flush=True)
+"""
+
+
+def test_llm_additional_config_reaches_the_banner_and_the_engine(lane):
+    """`LLM(additional_config={"caovan_mode": "guards"})` in a user's script: the script's process (the banner)
+    and the engine core (its GDN line) both decide mode=guards, the way CAOVAN_MODE=guards would."""
+    script = lane["root"] / "offline.py"
+    script.write_text(LLM_SCRIPT.format(context=CONTEXT))
+    log = lane["logs"] / "llm_additional_config.log"
+    env = lane_env(lane["root"] / "home-llm", CAOVAN_FACTS=str(FACTS), CAOVAN_CACHE_DIR=str(lane["root"] / "cache-llm"))
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, str(script), str(lane["hybrid"])], stdout=out, stderr=subprocess.STDOUT,
+                                env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            code = proc.wait(timeout=RUN_LIMIT_S * 2)
+        finally:   # the engine core is a child of the script: end the whole group, whatever happened
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+    text = log.read_text(errors="replace")
+    assert code == 0 and "GENERATED 2" in text, _tail(log)
+    status = _status(text)
+    assert (status["mode"], status["turbo"], status["gdn_legacy"]) == ("guards", "off", "upstream"), status
+    gdn = re.findall(r"GDN prefill: gdn_legacy=(\S+) .* why=(.*)$", text, re.M)
+    assert gdn and all(state == "upstream" and "mode=guards (additional-config caovan_mode)" in why
+                       for state, why in gdn), gdn
+    assert "decided from" not in text
+    _keep(log, lane)

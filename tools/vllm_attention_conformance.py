@@ -20,7 +20,7 @@ from vllm_conformance import WHEELS, cached_sources, folder_reader, releases
 
 from caovan_vllm_sm75_turbo3.plugin.attention.controller import FAMILIES, family_for
 from caovan_vllm_sm75_turbo3.plugin.attention.interface import AttentionConformance, check_sources
-from caovan_vllm_sm75_turbo3.plugin.dispatch.controller import installed_source
+from caovan_vllm_sm75_turbo3.plugin.installed_vllm import installed_source
 from caovan_vllm_sm75_turbo3.runtime.probe import dist_version
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -25,7 +25,8 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from caovan_vllm_sm75_turbo3.plugin.dispatch.controller import FAMILIES, installed_source
+from caovan_vllm_sm75_turbo3.plugin.dispatch.controller import FAMILIES
+from caovan_vllm_sm75_turbo3.plugin.installed_vllm import installed_source
 from caovan_vllm_sm75_turbo3.plugin.dispatch.interface import Conformance, check_sources, module_file
 from caovan_vllm_sm75_turbo3.runtime.probe import dist_version
 

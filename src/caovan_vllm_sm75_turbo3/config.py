@@ -172,6 +172,8 @@ def _parse(spec: SettingSpec, raw: Any, where: str) -> Any:
             raise SettingError(f"{where}={safe_json.short(raw)} is not accepted: {spec.accepted()}, "
                                f"at most {_MAX_INT}.")
         return value
+    if spec.kind == "choice" and isinstance(raw, bool) and {"on", "off"} <= set(spec.choices):
+        raw = "on" if raw else "off"   # YAML 1.1 reads a bare `off` as false (a --config file's `caovan_turbo: off`)
     if not isinstance(raw, str):
         raise bad()
     text = raw.strip()

@@ -10,21 +10,23 @@ test-built once per key and toolchain.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from .caches.key import env_key
 from .caches.layout import KeyDir, checked_root, existing_keys, is_empty, prepare
 from .config import Settings, load_settings
-from .policy.banner import NOTHING_APPLIED
+from .logformat import NOTHING_APPLIED
+from .policy.decision import Decision, decide
 from .policy.guards import CacheState
-from .policy.launch_fill import LaunchFill, fill_launch
+from .policy.fill_base import LaunchFill
+from .policy.launch_fill import fill_launch
 from .policy.plan import FilledArg, Plan, make_plan
 from .policy.profiles import load_table
-from .policy.turbo import decide_turbo
-from .policy.vllm_args import LaunchNumbers, VllmArgs, check_launch_args
+from .policy.vllm_args import LaunchNumbers, VllmArgs, check_launch_args, read_vllm_args
 from .runtime import flashinfer_probe as fp
+from .runtime.config_file import expand_config_file
 from .runtime.facts import Facts
 from .runtime.model import ModelFacts, model_shape, read_model
 from .runtime.probe import load_facts
@@ -36,14 +38,27 @@ APPLIED_MARK = "_CAOVAN_APPLIED"
 
 @dataclass(frozen=True)
 class Prepared:
-    """A plan with the inputs it was made from; `refused_args` is the one-line refusal of the
+    """A plan with the decision it was made from; `refused_args` is the one-line refusal of the
     user's vLLM arguments (also in `plan.refusal`), None when they passed or were not checked."""
 
     plan: Plan
-    settings: Settings
-    facts: Facts
+    decision: Decision
     keydir: KeyDir | None
     refused_args: str | None = None
+
+    @property
+    def settings(self) -> Settings:
+        return self.decision.settings
+
+    @property
+    def facts(self) -> Facts:
+        return self.decision.facts
+
+
+def read_args(argv: Sequence[str]) -> VllmArgs:
+    """The user's `vllm serve` arguments as vLLM reads them: a `--config FILE.yaml` expanded where
+    vLLM expands it (runtime/config_file.py). Raises SettingError for a bad file or additional-config."""
+    return read_vllm_args(argv, expand_config_file(argv))
 
 
 def _cache_state(keydir: KeyDir) -> CacheState:
@@ -54,20 +69,26 @@ def _cache_state(keydir: KeyDir) -> CacheState:
                       other_keys=tuple(k for k in existing_keys(keydir.root) if k != keydir.key.name))
 
 
+def given_kv_cache_dtype(args: VllmArgs) -> str | None:
+    """The user's --kv-cache-dtype (None: not given, vLLM's auto)."""
+    value = args.value("--kv-cache-dtype")
+    return value if isinstance(value, str) else None
+
+
 def plan_launch(env: Mapping[str, str], args: VllmArgs, cli: Mapping[str, Any] | None = None, *,
                 write: bool, say: Callable[[str], None] = lambda _: None, fill_args: bool = False,
-                facts: Facts | None = None) -> Prepared:
+                decision: Decision | None = None) -> Prepared:
     """Plan a launch for `args` in `env`. Raises CaovanError for bad settings or facts files.
 
     `cli` holds our own flags' values (setting name -> value, None when not given); `say`
     receives progress lines for slow steps (the sampler test build); `fill_args` checks the
     user's vLLM arguments (check_launch_args, once: a refusal is in the plan and nothing is
     written) and adds the launch profile's (only caovan-vllm-serve does: it builds vLLM's argv;
-    a plain `vllm serve` has parsed its arguments itself). `facts`: already read (a vLLM process's
-    one context), else read here.
+    a plain `vllm serve` has parsed its arguments itself). `decision`: the process's one decision
+    (a vLLM process's context made it), else made here.
     """
-    settings = load_settings(env, args.additional_config, cli)
-    facts = facts if facts is not None else load_facts(settings.facts, env)
+    settings = decision.settings if decision else load_settings(env, args.additional_config, cli)
+    facts = decision.facts if decision else load_facts(settings.facts, env)
     keydir = None
     if settings.active and settings.cache_isolation and facts.sm75_count:
         keydir = KeyDir(checked_root(settings.cache_dir, settings.source("cache_dir"), env), env_key(facts))
@@ -75,17 +96,33 @@ def plan_launch(env: Mapping[str, str], args: VllmArgs, cli: Mapping[str, Any] |
     state = _cache_state(keydir) if keydir else None
     checked = check_launch_args(args, len(facts.gpus)) if fill_args else None
     refused = checked.refusal() if checked else None
-    model = read_model(args.model) if args.model and settings.active and not refused else None
-    shape = model_shape(model.config) if model else None
-    fill = (_profile_fill(facts, settings, args, checked.numbers, model)
+    model = read_model(args.model) if args.model and settings.active and not refused and (
+        decision is None or fill_args) else None
+    if decision is None:
+        decision = decide(settings, facts, model_shape(model.config) if model else None, given_kv_cache_dtype(args))
+    fill = (_profile_fill(decision, args, checked.numbers, model)
             if checked and not refused and settings.active else None)
     filled = [FilledArg(a.flag, a.value, a.reason) for a in fill.args] if fill else []
-    plan = _refused(_with_fill(make_plan(facts, settings, env, args, state, filled_args=filled, shape=shape), fill), refused)
+    if fill and not args.given("--kv-cache-dtype"):
+        decision = decision.with_kv_cache_dtype(next((f.value for f in filled if f.flag == "--kv-cache-dtype"), None))
+
+    def planned(probe: fp.SamplerProbe | None = None) -> Plan:
+        return _refused(_with_fill(make_plan(decision, env, args, state, probe, filled_args=filled), fill), refused)
+
+    plan = planned()
     write = write and refused is None
     if plan.status.get("flashinfer_sampler") != "probe-pending":
         if write and keydir and plan.stop_reason() is None:
             prepare(keydir)
-        return Prepared(plan, settings, facts, keydir, refused)
+        return Prepared(plan, decision, keydir, refused)
+    result = _sampler_probe(env, plan, decision, keydir, write, say)
+    return Prepared(planned(result) if result is not None else plan, decision, keydir, refused)
+
+
+def _sampler_probe(env: Mapping[str, str], plan: Plan, decision: Decision, keydir: KeyDir | None, write: bool,
+                   say: Callable[[str], None]) -> fp.SamplerProbe | None:
+    """Probe mode: FlashInfer's sampler test build for this key and toolchain, cached (None: not run)."""
+    facts = decision.facts
     child_env = {**env, **plan.env_updates()}
     fingerprint = fp.toolchain_fingerprint(child_env, facts.toolchain.nvcc_path, facts.versions.nvcc)
     result = fp.read_cached(keydir.path, fingerprint) if keydir else None
@@ -93,25 +130,22 @@ def plan_launch(env: Mapping[str, str], args: VllmArgs, cli: Mapping[str, Any] |
         if keydir:
             prepare(keydir)
         if result is None:
-            say(f"flashinfer_sampler: test-building FlashInfer's sampler (up to {settings.probe_timeout_s} s) ...")
-            result = fp.run_probe(child_env, settings.probe_timeout_s, fingerprint)
+            timeout = decision.settings.probe_timeout_s
+            say(f"flashinfer_sampler: test-building FlashInfer's sampler (up to {timeout} s) ...")
+            result = fp.run_probe(child_env, timeout, fingerprint)
             if keydir:
                 fp.store(keydir.path, result)
-    if result is not None:
-        plan = _refused(_with_fill(make_plan(facts, settings, env, args, state, result, filled_args=filled, shape=shape), fill),
-                        refused)
-    return Prepared(plan, settings, facts, keydir, refused)
+    return result
 
 
-def _profile_fill(facts: Facts, settings: Settings, args: VllmArgs, numbers: LaunchNumbers,
-                  model: ModelFacts | None) -> LaunchFill:
+def _profile_fill(decision: Decision, args: VllmArgs, numbers: LaunchNumbers, model: ModelFacts | None) -> LaunchFill:
     """The launch profile's decisions for this machine and the model directory in `args` (as read),
     with what could not be read in the model directory as notes."""
-    turbo = decide_turbo(facts, settings, facts.versions.triton)  # the user's CAOVAN_TURBO counts here too
+    settings = decision.settings
     table = load_table()
     if settings.profile not in ("auto", "none"):
         table.by_name(settings.profile, settings.where("profile"))   # an unknown name: named where it was given
-    fill = fill_launch(facts, model, settings.profile, args, table, numbers, turbo=turbo)
+    fill = fill_launch(decision.facts, model, settings.profile, args, table, numbers, turbo=decision.turbo)
     return replace(fill, lines=(*fill.lines, *(f"model: {n}" for n in (model.notes if model else ()))))
 
 

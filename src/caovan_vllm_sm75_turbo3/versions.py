@@ -1,6 +1,7 @@
-"""Release numbers (major.minor) of vLLM, Triton and our tables: the one parsing rule every layer uses.
+"""Version numbers of vLLM, Triton, CUDA and drivers: the one home of every parsing and comparing rule.
 
-A leaf module: imports only `packaging`, so any layer may use it.
+A leaf module: imports only `packaging`, so any layer (kernels included) may use it. Every rule
+ignores a local suffix ('+cu130', '+cpu', '+git...'): it names a build, not a release.
 """
 
 from __future__ import annotations
@@ -35,3 +36,26 @@ def minor(version: str | None) -> str | None:
         return "{}.{}".format(*minor_key(version or ""))
     except ValueError:
         return None
+
+
+def major(version: str | None) -> int | None:
+    """580 for a driver '580.95.05', 12 for CUDA '12.8'; None when absent or unreadable."""
+    head = (version or "").split("+", 1)[0].split(".", 1)[0].strip()
+    return int(head) if head.isdigit() else None
+
+
+def release_key(version: str) -> tuple[int, ...]:
+    """The numeric parts of a release ('0.27.0+cpu' -> (0, 27, 0)), for ordering table rows."""
+    return tuple(int(p) for p in version.split("+", 1)[0].split(".") if p.isdigit())
+
+
+def matches(version: str, listed: tuple[str, ...] | list[str]) -> bool:
+    """Whether `version` is one of `listed`, each a full release ('3.6.0') or a minor ('3.6')."""
+    base = version.split("+", 1)[0]
+    return any(base == v or base.startswith(v + ".") for v in listed)
+
+
+def in_range(version: str, releases: str) -> bool:
+    """Whether '0.27.0' (or '0.27.0+cpu') is in '0.26.0-0.31.0', or equal to a single '0.27.0'."""
+    low, _, high = releases.partition("-")
+    return release_key(low) <= release_key(version) <= release_key(high or low)

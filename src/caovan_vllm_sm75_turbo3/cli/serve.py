@@ -18,10 +18,10 @@ from pathlib import Path
 from .. import __version__
 from ..caches.layout import hold_in_use
 from ..errors import CaovanError
-from ..launch import Prepared, apply_env, plan_launch
+from ..launch import Prepared, apply_env, plan_launch, read_args
 from ..policy.banner import banner_lines
 from ..policy.plan import Plan
-from ..policy.vllm_args import canonical, read_vllm_args
+from ..policy.vllm_args import canonical
 from ..textsafe import redact_argv, safe
 from .common import OneLineParser, print_json, run_cli
 
@@ -149,7 +149,7 @@ def plan_text(plan: Plan, program: str | None, stop: str | None) -> list[str]:
 def main(argv: Sequence[str]) -> int:
     ours, theirs = split_argv(argv)
     opts = build_parser().parse_args(ours)
-    args = read_vllm_args(theirs)
+    args = read_args(theirs)
     dry = opts.dry_run or opts.json
     cli = {"facts": opts.facts, "profile": opts.profile, "cache_dir": opts.cache_dir}
     prepared = plan_launch(os.environ, args, cli, write=not dry, say=lambda s: print(s, flush=True),

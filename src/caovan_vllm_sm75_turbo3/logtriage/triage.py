@@ -10,17 +10,18 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from ..errors import CaovanError
-from ..policy.banner import HEADER_RE
+from ..logformat import (ATTENTION_STATE, BANNER_MORE, GDN_STATE, HEADER_RE, STATUS_LINE, TURBO_LINE, WARMUP_LINE,
+                         WORKER_LINE)
 from .reader import (LEARN_LINES, LearntPrefix, LogLine, clean, learn_prefix, line_pieces, numbered_lines, open_log,
                      strip_colours)
 from .results import CaovanSummary, Failure, Finding, Triage
 from .shapes import Shape, Shapes
-from .signatures import BY_ID, CONTEXT_LINES, SIGNATURES, Role, Rule, Signature
+from .signature import CONTEXT_LINES, Role, Rule, Signature
+from .signatures import BY_ID, SIGNATURES
 from .verdict import EndOfLog
-from .words import (_LOUD_LEVELS, _NEEDLES, _TRIGGERS, ACCESS, BANNER_MORE, BLOCK_LINES, ERROR_WORDS, EXCEPTION,
-                    EXIT_HANDLERS, FRAME, GDN_STATE, KERNEL_LAUNCH, MAX_PROCESSES, MAX_STATES, MAX_STATUS_KEYS, MAX_TEXT,
-                    NOT_FAILURES, PHASE_FRAMES, PHASE_MARKERS, SHUTDOWN_MARKERS, STATUS_LINE, TURBO_LINE, VLLM_VERSION,
-                    WARMUP_LINE, WORKER_LINE, fatal_signal, goes_on_traceback, stop_word)
+from .words import (_LOUD_LEVELS, _NEEDLES, _TRIGGERS, ACCESS, BLOCK_LINES, ERROR_WORDS, EXCEPTION, EXIT_HANDLERS, FRAME,
+                    KERNEL_LAUNCH, MAX_PROCESSES, MAX_STATES, MAX_STATUS_KEYS, MAX_TEXT, NOT_FAILURES, PHASE_FRAMES,
+                    PHASE_MARKERS, SHUTDOWN_MARKERS, VLLM_VERSION, fatal_signal, goes_on_traceback, stop_word)
 
 __all__ = ["CaovanSummary", "Failure", "Finding", "Triage", "triage_lines", "triage_path", "triage_stream"]
 
@@ -248,7 +249,7 @@ class _Reader(EndOfLog):
             else:
                 c.processes += 1
             return True
-        elif m := (GDN_STATE.match(text) or TURBO_LINE.match(text)):
+        elif m := (GDN_STATE.match(text) or TURBO_LINE.match(text) or ATTENTION_STATE.match(text)):
             state = m.group("state")[:MAX_TEXT]
             if state in c.states or len(c.states) < MAX_STATES:
                 c.states[state] = c.states.get(state, 0) + 1

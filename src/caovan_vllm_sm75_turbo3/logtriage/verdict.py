@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from ..policy import vllm_versions as vv
 from .results import Failure, Finding, Triage
-from .signatures import BY_ID, Role
+from .signature import Role
+from .signatures import BY_ID
 from .words import MAX_TEXT, PHASE_WORDS, START_PHASES
 
 

@@ -13,15 +13,6 @@ MAX_STATUS_KEYS = 64      # key=value lines kept from one banner
 MAX_PROCESSES = 256       # processes whose open traceback is tracked
 BLOCK_LINES = 128         # raw lines whose words are looked for at once (for new shapes only)
 
-STATUS_LINE = re.compile(r"^(?:\[Caovan\] )?(?P<key>[a-z][a-z0-9_]*)=(?P<value>\S.*)$")
-WARMUP_LINE = re.compile(r"\[Caovan\] (?P<line>warmup=\S+.*)$")
-# Lines of the banner after its status lines (policy/banner.py): kept in the block, checks kept.
-BANNER_MORE = ("env.", "arg ", "check ", "warning: ", "note: ", "refused: ")
-# Our per-process status lines (plugin/): summarised, never judged as failures themselves.
-GDN_STATE = re.compile(r"^Caovan SM75 Turbo3 GDN prefill: (?P<state>gdn_legacy=\S+ interface=.*)$")
-WORKER_LINE = re.compile(r"^Caovan SM75 Turbo3 v\S+: (?P<what>guards from .+ apply|nothing of ours applies) "
-                         r"in this process")
-TURBO_LINE = re.compile(r"^Caovan SM75 Turbo3: (?P<state>turbo=.*)$")
 MAX_STATES = 16           # distinct per-process state lines kept
 ACCESS = re.compile(r'"(?P<method>[A-Z]+) (?P<path>\S+) HTTP/[\d.]+" (?P<status>\d{3})\b')
 VLLM_VERSION = re.compile(r"(?:vLLM (?:API )?server version|\bversion) v?(?P<version>\d+\.\d+\.\d+[\w.+-]*)")

@@ -1,11 +1,15 @@
-"""One decision per vLLM process: what every installer of ours decides from, read once.
+"""One decision per vLLM process: what every installer of ours reads, made once.
 
-`register()` builds one `ProcessContext` (settings from CAOVAN_* and the `--additional-config`
-vLLM was started with, the facts, the Turbo decision) and hands it to the guards, the Turbo hook,
-the GDN dispatch and the attention backend, so they cannot disagree. The facts are the facts file
-when one is named (its GPUs stand for this machine's: how a test or a plan for other hardware
-takes the SM75 decisions), with this process's installed vLLM, Triton and torch versions, which no
-file can know better; else a probe. Loading is lazy and happens once.
+`register()` builds one `ProcessContext` and hands it to the guards, the Turbo hook, the GDN
+dispatch and the attention backend; each reads `ctx.decision` (policy/decision.py) and none
+decides again, so they cannot disagree. The settings come from every source vLLM accepts, read
+before the decision is made: CAOVAN_* variables; the engine settings vLLM holds where it called
+our plugin (`LLM(additional_config=...)`, an EngineCore's or worker's VllmConfig:
+plugin/vllm_source.py); else `vllm serve`'s command line with its `--config FILE.yaml` expanded as
+vLLM expands it. The facts are the facts file when one is named (its GPUs stand for this
+machine's: how a test or a plan for other hardware takes the SM75 decisions), with this process's
+installed vLLM, Triton and torch versions, which no file can know better; else a probe.
+Everything is read lazily, once.
 """
 
 from __future__ import annotations
@@ -14,42 +18,56 @@ import dataclasses
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ..config import Settings, load_settings
-from ..policy.turbo import TurboDecision, decide_turbo
-from ..policy.vllm_args import VllmArgs, read_vllm_args, serve_args
+from ..errors import CaovanError
+from ..launch import given_kv_cache_dtype, read_args
+from ..policy.decision import Decision, decide
+from ..policy.vllm_args import VllmArgs, serve_args
 from ..runtime.facts import Facts
+from ..runtime.model import ModelShape, model_shape, read_model
 from ..runtime.probe import dist_version, load_facts, vllm_version
+from .vllm_source import VllmSource, vllm_source
 
 
 class ProcessContext:
-    """Settings, facts and the Turbo decision of this process, each read on first use and kept;
+    """Settings, facts and the one decision of this process, each read on first use and kept;
     bad settings raise CaovanError from `settings` (each installer reports them its own way)."""
 
-    def __init__(self, env: Mapping[str, str], argv: Sequence[str] = ()) -> None:
+    def __init__(self, env: Mapping[str, str], argv: Sequence[str] = (), source: VllmSource | None = None) -> None:
         self.env = env
         self._argv = list(argv)
+        self.source = source      # vLLM's own engine settings, where this process has them
         self._args: VllmArgs | None = None
         self._settings: Settings | None = None
         self._facts: Facts | None = None
-        self._turbo: TurboDecision | None = None
+        self._decision: Decision | None = None
 
     @classmethod
     def of_this_process(cls) -> ProcessContext:
-        """The context of the running process: its environment and vLLM's command line."""
-        return cls(os.environ, sys.argv)
+        """The context of the running process: its environment, vLLM's command line and the engine
+        settings of the vLLM code that loaded our plugin (call it from `register()`)."""
+        return cls(os.environ, sys.argv, vllm_source())
 
     @property
     def args(self) -> VllmArgs:
-        """vLLM's command line as read (raises SettingError for a malformed --additional-config)."""
+        """vLLM's command line as read, `--config` expanded (raises SettingError for a malformed
+        --additional-config or config file)."""
         if self._args is None:
-            self._args = read_vllm_args(serve_args(self._argv) if self._argv else [])
+            argv = serve_args(self._argv) if self._argv else []
+            self._args = read_args(argv)
         return self._args
+
+    @property
+    def additional_config(self) -> Mapping[str, Any]:
+        """vLLM's additional-config in this process: the engine's own where it is held, else the command line's."""
+        return self.source.additional_config if self.source is not None else self.args.additional_config
 
     @property
     def settings(self) -> Settings:
         if self._settings is None:
-            self._settings = load_settings(self.env, self.args.additional_config)
+            self._settings = load_settings(self.env, self.additional_config)
         return self._settings
 
     @property
@@ -63,9 +81,21 @@ class ProcessContext:
             self._facts = facts
         return self._facts
 
+    def _shape(self) -> ModelShape | None:
+        """The served model's shape from its local config.json (None: not a local directory or unreadable)."""
+        model = self.source.model if self.source is not None else self.args.model
+        if not model or not self.settings.active:
+            return None
+        try:
+            facts = read_model(model)
+        except CaovanError:   # the launcher names a bad model file; here it is only unknown
+            return None
+        return model_shape(facts.config)
+
     @property
-    def turbo(self) -> TurboDecision:
-        """The Turbo hook's decision for this process (the hook, the GDN gate and the attention agree)."""
-        if self._turbo is None:
-            self._turbo = decide_turbo(self.facts, self.settings, self.facts.versions.triton)
-        return self._turbo
+    def decision(self) -> Decision:
+        """The one decision of this process (policy.decision.decide), made on first use."""
+        if self._decision is None:
+            kv = self.source.kv_cache_dtype if self.source is not None else given_kv_cache_dtype(self.args)
+            self._decision = decide(self.settings, self.facts, self._shape(), kv)
+        return self._decision

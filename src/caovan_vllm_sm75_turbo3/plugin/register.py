@@ -15,6 +15,7 @@ from pathlib import Path
 from ..caches.layout import hold_in_use
 from ..errors import Turbo3Refused
 from ..launch import APPLIED_MARK, apply_env, plan_launch
+from ..logformat import disabled_line, not_applied_line
 from ..policy.banner import banner_lines, worker_line
 from ..policy.plan import Plan
 from .attention import install as install_attention
@@ -80,17 +81,16 @@ def apply_guards(ctx: ProcessContext | None = None) -> Plan | None:
         return None
     try:
         ctx = ctx or ProcessContext.of_this_process()
-        args, settings = ctx.args, ctx.settings
+        settings = ctx.settings
         if not settings.active:
-            logger.info("Caovan SM75 Turbo3: disabled by settings (enable=%s, mode=%s)",
-                        settings.enable, settings.mode)
+            logger.info(disabled_line(settings.enable, settings.mode))
             return None
-        prepared = plan_launch(user_env(os.environ, _initial_environ()), args, write=True, facts=ctx.facts)
+        prepared = plan_launch(user_env(os.environ, _initial_environ()), ctx.args, write=True, decision=ctx.decision)
         plan = prepared.plan
         if plan.refusal is None and prepared.keydir:
             hold_in_use(prepared.keydir)  # held until this process ends: the cleaner sees the server
     except Exception as err:  # a plugin must not take vLLM down
-        logger.warning("Caovan SM75 Turbo3: guards not applied in this process (pid %d): %s", os.getpid(), err)
+        logger.warning(not_applied_line(os.getpid(), err))
         return None
     logger.info("\n".join(banner_lines(plan)))
     if plan.refusal:

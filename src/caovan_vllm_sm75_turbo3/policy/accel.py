@@ -19,8 +19,8 @@ from ..config import Settings
 from ..runtime.facts import Facts
 from ..runtime.model import ModelShape
 from . import vllm_versions as vv
-from .attention import our_backend_problem
-from .turbo import GDN_KERNELS, TurboDecision, decide_turbo
+from .attention import AttentionState
+from .turbo import GDN_KERNELS, TurboDecision
 
 
 @dataclass(frozen=True)
@@ -34,10 +34,10 @@ class GdnState:
     turbo: TurboDecision
 
 
-def gdn_state(facts: Facts, settings: Settings, shape: ModelShape | None = None) -> GdnState:
-    """What serves GDN prefill with these facts and settings, for the model of `shape` (None: not
-    known, judged as the hybrid models we are made for)."""
-    turbo = decide_turbo(facts, settings, facts.versions.triton)
+def gdn_state(facts: Facts, settings: Settings, release: vv.Release, turbo: TurboDecision,
+              shape: ModelShape | None = None) -> GdnState:
+    """What serves GDN prefill with these facts, settings, vLLM release and Turbo decision, for the
+    model of `shape` (None: not known, judged as the hybrid models we are made for)."""
     if shape is not None and not shape.is_hybrid:
         return GdnState("no-gdn-layers", False, (
             f"the model ({shape.architecture or shape.model_type or 'config.json'}) has no GDN layers",), turbo)
@@ -48,12 +48,12 @@ def gdn_state(facts: Facts, settings: Settings, shape: ModelShape | None = None)
     reasons = []
     if facts.sm75_count == 0:
         reasons.append(f"no SM75 GPU (sm75=0/{len(facts.gpus)})")
-    status = vv.support_status(facts.versions.vllm)
-    if status in ("unknown", "too-old", "too-new"):
-        reasons.append(f"vLLM {facts.versions.vllm or '(not installed)'} is outside the supported "
+    family = release.family("gdn")
+    if not vv.supported(release):
+        reasons.append(f"vLLM {release.version or '(not installed)'} is outside the supported "
                        f"releases {vv.SUPPORTED_MIN} to {vv.SUPPORTED_MAX_MINOR}.x")
-    elif vv.gdn_family(facts.versions.vllm) is None:
-        reasons.append(f"no known GDN interface for vLLM {facts.versions.vllm}")
+    elif family is None:
+        reasons.append(f"no known GDN interface for vLLM {release.version}")
     if settings.mode == "guards":
         reasons.append(f"mode=guards ({settings.source('mode')}) keeps vLLM's own kernels")
     if not reasons and not turbo.serves(GDN_KERNELS):
@@ -62,9 +62,8 @@ def gdn_state(facts: Facts, settings: Settings, shape: ModelShape | None = None)
         return GdnState("upstream", False, tuple(reasons), turbo)
     # The active path is named by its interface family; plugin/dispatch confirms it in each vLLM
     # process (interface checks, precompile, self-check).
-    family = vv.gdn_family(facts.versions.vllm)
-    return GdnState(family, True, (
-        f"{facts.sm75_count} SM75 GPU(s); vLLM {facts.versions.vllm} has GDN interface {family}: "
+    return GdnState(str(family), True, (
+        f"{facts.sm75_count} SM75 GPU(s); vLLM {release.version} has GDN interface {family}: "
         "our prefill replaces ChunkGatedDeltaRule",), turbo)
 
 
@@ -77,8 +76,8 @@ class Turbo3:
     reasons: tuple[str, ...]    # why each hot path does not, when none does
 
 
-def turbo3_state(facts: Facts, settings: Settings, gdn: GdnState, shape: ModelShape | None,
-                 kv_cache_dtype: str | None) -> Turbo3:
+def turbo3_state(facts: Facts, settings: Settings, gdn: GdnState, attention: AttentionState,
+                 shape: ModelShape | None, kv_cache_dtype: str | None) -> Turbo3:
     """The `turbo3=` decision. `kv_cache_dtype` is the launch's --kv-cache-dtype (given or filled)."""
     if not facts.sm75_count or settings.mode != "auto":
         return Turbo3(False, (), gdn.reasons)   # they name the missing GPU, the mode or the user's switch
@@ -96,10 +95,10 @@ def turbo3_state(facts: Facts, settings: Settings, gdn: GdnState, shape: ModelSh
         reasons.append("GDN prefill: " + "; ".join(gdn.reasons) + "; and vLLM's own: "
                        + turbo.not_served_reason(f"vLLM {version}'s FLA kernels"))
     if (kv_cache_dtype or "").startswith("fp8"):
-        problem = our_backend_problem(version, turbo)
+        problem = attention.fp8_problem
         if problem is None:
             paths.append("attention: ours (fp8 KV on vLLM 0.24+), on tensor cores")
-        elif vv.attention_family(version) is not None:
+        elif attention.family is not None:
             reasons.append(f"attention: {problem}")
     if not paths and gdn.line == "no-gdn-layers" and len(reasons) == 1:
         reasons.append("attention: vLLM's own serves it (nothing of ours for this model's attention)")

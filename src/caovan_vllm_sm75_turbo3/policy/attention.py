@@ -1,28 +1,71 @@
 """Where fp8 KV is served on SM75, and whether our attention backend can serve it: the one home of
-the attention rule (launch profiles, turbo3= and the notes read it). Pure."""
+the attention rule (the process decision, launch profiles, turbo3= and the notes read it). Pure."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
+from ..config import Settings
+from ..runtime.facts import Facts
 from . import vllm_versions as vv
 from .turbo import ATTENTION_KERNELS, TurboDecision
 
-OUR_BACKEND = "CUSTOM"  # the --attention-backend name our backend registers as (plugin/attention)
+OUR_BACKEND = "CUSTOM"  # the --attention-backend name our backend registers as (plugin/attention): its one home
 
 
-def vllm_fp8_kv_on_sm75(version: str | None) -> bool:
+def vllm_fp8_kv_on_sm75(version: str | vv.Release | None) -> bool:
     """Whether one of this vLLM release's own attention backends serves fp8 KV on SM75."""
-    return bool(vv.has("triton-attn-fp8-kv-on-sm75", version) or vv.has("flashinfer-on-sm75", version))
+    release = vv.release(version)
+    return bool(release.has("triton-attn-fp8-kv-on-sm75") or release.has("flashinfer-on-sm75"))
 
 
-def our_backend_problem(version: str | None, turbo: TurboDecision) -> str | None:
+def our_backend_problem(version: str | vv.Release | None, turbo: TurboDecision) -> str | None:
     """Why our attention backend cannot serve fp8 KV with this release and Turbo decision (None: it can)."""
-    if vv.attention_family(version) is None or vv.support_status(version) == "too-new":
-        return f"vLLM {version} has no attention interface family of ours"
+    release = vv.release(version)
+    if release.family("attn") is None or release.status == "too-new":
+        return f"vLLM {release.version} has no attention interface family of ours"
     if not turbo.serves(ATTENTION_KERNELS):
         return turbo.not_served_reason("our attention kernel") + ", so fp8 KV through our backend is not planned"
     return None
 
 
-def fp8_kv_on_sm75(version: str | None, turbo: TurboDecision | None = None) -> bool:
+def fp8_kv_on_sm75(version: str | vv.Release | None, turbo: TurboDecision | None = None) -> bool:
     """Whether fp8 KV is served on SM75: by vLLM's own backends, or by ours given the Turbo decision."""
     return vllm_fp8_kv_on_sm75(version) or (turbo is not None and our_backend_problem(version, turbo) is None)
+
+
+@dataclass(frozen=True)
+class AttentionState:
+    """Our attention backend in this process: whether it is registered (as OUR_BACKEND) when vLLM
+    imports its backend registry, and whether its kernel gets tensor cores. `family` is the interface
+    family of this release (None: none of ours); `reason` says why it is not registered, when not;
+    `fp8_problem` why it cannot serve fp8 KV (our_backend_problem; None: it can)."""
+
+    register: bool
+    family: str | None
+    tensor_cores: bool
+    reason: str
+    fp8_problem: str | None = None
+
+
+def attention_state(facts: Facts, settings: Settings, release: vv.Release, turbo: TurboDecision) -> AttentionState:
+    """Whether our attention backend is offered in this process; the registry's own checks (its
+    sources and objects) follow in plugin/attention when vLLM imports it."""
+    family = release.family("attn")
+    cores = turbo.serves(ATTENTION_KERNELS)
+    state = _offered(facts, settings, release, family, cores)
+    return replace(state, fp8_problem=our_backend_problem(release, turbo))
+
+
+def _offered(facts: Facts, settings: Settings, release: vv.Release, family: str | None, cores: bool) -> AttentionState:
+    if not settings.active or settings.mode == "guards":
+        return AttentionState(False, family, cores, f"mode={settings.mode} ({settings.source('mode')}) keeps "
+                              "vLLM's own attention backends" if settings.enable else "the plugin is off")
+    if not vv.supported(release):
+        return AttentionState(False, family, cores, f"vLLM {release.version} is outside the supported releases "
+                              f"{vv.SUPPORTED_MIN} to {vv.SUPPORTED_MAX_MINOR}.x")
+    if family is None:
+        return AttentionState(False, None, cores, f"vLLM {release.version}'s own backends serve fp8 KV on SM75")
+    if not facts.sm75_count:
+        return AttentionState(False, family, cores, f"no SM75 GPU (sm75=0/{len(facts.gpus)})")
+    return AttentionState(True, family, cores, "")

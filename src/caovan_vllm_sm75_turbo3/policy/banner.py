@@ -5,21 +5,14 @@ warnings and notes. Pure text from a plan.
 
 from __future__ import annotations
 
-import re
-
-from .. import __version__
+from .. import __version__, logformat
 from ..textsafe import safe
 from .checks import Status
 from .plan import Plan
 
-# The first line of every banner (docs/design.md: users and logtriage grep for it); its one home.
-HEADER_PREFIX = "Caovan vLLM SM75 Turbo3 external plugin v"
-HEADER_RE = re.compile(re.escape(HEADER_PREFIX) + r"(?P<version>\S+)")
-
-
 def header(version: str = __version__) -> str:
     """The header line for plugin version `version` (this package's by default)."""
-    return HEADER_PREFIX + version
+    return logformat.header(version)
 
 
 def banner_lines(plan: Plan) -> list[str]:
@@ -43,16 +36,7 @@ def banner_lines(plan: Plan) -> list[str]:
     return [safe(line) for line in lines]   # user and model text inside: one printable line each, no secret
 
 
-# The applied mark's value when the first process set nothing: "<who>; nothing applied: <why>"
-# (launch.apply_env writes it, worker_line reads it).
-NOTHING_APPLIED = "; nothing applied: "
-
-
 def worker_line(mark: str, pid: int) -> str:
     """The one short line a vLLM worker logs instead of the banner, true of this process: `mark` is
     what the first process left (launch.apply_env: who, and why nothing was set if so)."""
-    who, nothing, why = mark.partition(NOTHING_APPLIED)
-    if nothing:
-        return (f"Caovan SM75 Turbo3 v{__version__}: nothing of ours applies in this process (pid {pid}): "
-                f"{why} (decided by {who})")
-    return f"Caovan SM75 Turbo3 v{__version__}: guards from {who} apply in this process (pid {pid})"
+    return logformat.worker_line(__version__, mark, pid)

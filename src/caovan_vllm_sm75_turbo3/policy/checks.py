@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..runtime.facts import Facts
+from ..versions import major
 from ..runtime.model import ModelFacts
 from . import vllm_versions as vv
 from .check_result import CheckResult, Status, rollup  # noqa: F401  (callers import these from here)
@@ -77,9 +78,8 @@ def check_driver(f: Facts) -> CheckResult:
         return CheckResult("driver", Status.WARN if f.gpus else Status.FAIL, "NVIDIA driver version unknown",
                            "install the NVIDIA driver (nvidia-smi must work)")
     need = _DRIVER_FOR_CUDA.get(v.torch_cuda or "")
-    try:
-        have = int(v.driver.split(".")[0])
-    except ValueError:
+    have = major(v.driver)
+    if have is None:
         return CheckResult("driver", Status.WARN, f"driver {v.driver}: cannot read its branch")
     if need and have < need:
         return CheckResult("driver", Status.FAIL, f"driver {v.driver} is older than CUDA {v.torch_cuda} needs ({need}+)",
@@ -134,7 +134,7 @@ def check_toolchain(f: Facts) -> CheckResult:
         return CheckResult("toolchain", Status.WARN, parts[0] + "; no nvcc",
                            "JIT builds (FlashInfer sampler, torch extensions) need nvcc; the sampler guard keeps them off")
     parts.append(f"nvcc {v.nvcc or '?'}")
-    if v.nvcc and v.torch_cuda and v.nvcc.split(".")[0] != v.torch_cuda.split(".")[0]:
+    if v.nvcc and v.torch_cuda and major(v.nvcc) != major(v.torch_cuda):
         return CheckResult("toolchain", Status.WARN, ", ".join(parts) + f" vs torch CUDA {v.torch_cuda}",
                            "JIT builds mix CUDA toolchains and often fail: point CUDA_HOME at a "
                            f"CUDA {v.torch_cuda} toolkit or keep the sampler guard on")

@@ -1,4 +1,5 @@
-"""The SM75 guards: each is a pure function from facts, settings and the user's environment to
+"""The SM75 guards: each is a pure function from the process's decision (facts, settings, the vLLM
+release) and the user's environment to
 environment changes and a status value. A variable the user already set is never changed:
 the change is recorded as "kept" with the user's value.
 """
@@ -8,10 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
-from ..config import Settings
-from ..runtime.facts import Facts
 from ..runtime.flashinfer_probe import SamplerProbe
 from . import vllm_versions as vv
+from .decision import Decision
 
 SAMPLER_VAR = "VLLM_USE_FLASHINFER_SAMPLER"
 ALL_RELEASES = "all"
@@ -66,10 +66,10 @@ def decide(env: Mapping[str, str], var: str, ours: str, reason: str, releases: s
     return EnvChange(var, ours, "set", ours, reason, releases, switch)
 
 
-def sampler_guard(facts: Facts, settings: Settings, env: Mapping[str, str],
-                  probe: SamplerProbe | None) -> GuardResult:
+def sampler_guard(decision: Decision, env: Mapping[str, str], probe: SamplerProbe | None) -> GuardResult:
     """FlashInfer sampler: off on SM75 (its JIT build fails on many toolchains), or, in probe mode,
     on only when a test build in this environment succeeded (`probe`, None if not run yet)."""
+    settings, release = decision.settings, decision.release
     switch = "CAOVAN_FLASHINFER_SAMPLER"
     if settings.flashinfer_sampler == "keep":
         return GuardResult(status="kept-user" if SAMPLER_VAR in env else "vllm-default")
@@ -82,8 +82,8 @@ def sampler_guard(facts: Facts, settings: Settings, env: Mapping[str, str],
     if settings.flashinfer_sampler == "guard":
         return GuardResult((decide(env, SAMPLER_VAR, "0", guard_reason, releases, switch),),
                            status="disabled-sm75-guard")
-    if not vv.has("flashinfer-on-sm75", facts.versions.vllm):
-        reason = f"vLLM {facts.versions.vllm} refuses FlashInfer below SM80, so there is nothing to probe"
+    if not release.has("flashinfer-on-sm75"):
+        reason = f"vLLM {release.version} refuses FlashInfer below SM80, so there is nothing to probe"
         return GuardResult((decide(env, SAMPLER_VAR, "0", reason, releases, switch),),
                            status="disabled-sm75-guard")
     if probe is None:
@@ -101,13 +101,13 @@ def sampler_guard(facts: Facts, settings: Settings, env: Mapping[str, str],
                                  "Fix the CUDA toolkit (CUDA_HOME) and start again to re-test.",))
 
 
-def timeout_guard(facts: Facts, settings: Settings, env: Mapping[str, str]) -> GuardResult:
+def timeout_guard(decision: Decision, env: Mapping[str, str]) -> GuardResult:
     """Cold-start timeouts: the first compile on SM75 takes longer than vLLM's defaults allow."""
+    settings = decision.settings
     if not settings.timeout_guard:
         return GuardResult()
     secs = settings.execute_timeout_s
     switch = "CAOVAN_TIMEOUT_GUARD"
-    version = facts.versions.vllm
     rows = (("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", str(secs),
              f"multi-process execute_model timeout (vLLM default 300 s) to {secs} s: the first "
              "steps on SM75 compile kernels"),
@@ -117,7 +117,7 @@ def timeout_guard(facts: Facts, settings: Settings, env: Mapping[str, str]) -> G
              f"API server to engine RPC timeout (ms, vLLM default 10 s) to {secs} s for the cold start"))
     changes, warnings = [], []
     for var, value, reason in rows:
-        present = vv.has("env:" + var, version)
+        present = decision.release.has("env:" + var)
         if present:
             changes.append(decide(env, var, value, reason, releases_of("env:" + var), switch))
         elif present is None:
@@ -125,11 +125,11 @@ def timeout_guard(facts: Facts, settings: Settings, env: Mapping[str, str]) -> G
     return GuardResult(tuple(changes), warnings=tuple(warnings))
 
 
-def arch_guard(facts: Facts, settings: Settings, env: Mapping[str, str]) -> GuardResult:
+def arch_guard(decision: Decision, env: Mapping[str, str]) -> GuardResult:
     """Build JIT extensions for the visible GPUs' architectures only (sm_75 on a Turing box)."""
-    if not settings.arch_guard:
+    if not decision.settings.arch_guard:
         return GuardResult()
-    archs = sorted({g.compute_capability for g in facts.gpus if g.compute_capability},
+    archs = sorted({g.compute_capability for g in decision.facts.gpus if g.compute_capability},
                    key=lambda cc: tuple(int(p) for p in cc.split(".")))
     if not archs:
         return GuardResult()
@@ -157,15 +157,15 @@ class CacheState:
         return d
 
 
-def cache_guard(facts: Facts, settings: Settings, env: Mapping[str, str], cache: CacheState | None) -> GuardResult:
+def cache_guard(decision: Decision, env: Mapping[str, str], cache: CacheState | None) -> GuardResult:
     """Point every JIT cache at this environment key's own directories."""
-    if not settings.cache_isolation or cache is None:
+    if not decision.settings.cache_isolation or cache is None:
         return GuardResult()
     switch = "CAOVAN_CACHE_ISOLATION"
     changes = []
     for var, path in cache.env_dirs.items():
         reason = "this environment key's own JIT cache (cache_key)"
-        if var == "TRITON_CACHE_DIR" and vv.has("vllm-overrides-triton-cache-dir", facts.versions.vllm):
+        if var == "TRITON_CACHE_DIR" and decision.release.has("vllm-overrides-triton-cache-dir"):
             reason += "; vLLM puts torch.compile's Triton kernels under VLLM_CACHE_ROOT itself"
         changes.append(decide(env, var, path, reason, ALL_RELEASES, switch))
     warnings = [f"{c.var} is your own ({c.value}) and stays: that cache is not isolated, so every environment "

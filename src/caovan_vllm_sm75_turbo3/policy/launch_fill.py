@@ -17,47 +17,22 @@ every profile live here, not in the data:
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
-from .. import safe_json
-
 from ..config import Settings
-from ..kernels.attention.configs import FP8_CACHE_DTYPES
 from ..runtime.facts import Facts
 from ..runtime.model import ModelFacts, ModelShape, model_shape
 from . import vllm_versions as vv
+from .fill_attention import KV_BYTES, fill_attention_backend, fill_kv_cache_dtype
+from .fill_base import Filler, LaunchFill
+from .fill_decode import fill_cuda_graphs, fill_speculative
 from .memory_plan import MemoryInputs, MemoryPlan, plan_memory
-from .attention import OUR_BACKEND, fp8_kv_on_sm75, our_backend_problem, vllm_fp8_kv_on_sm75
 from .turbo import TurboDecision, decide_turbo
 from .upstream_bugs import bugs_for
-from .profiles import Family, Profile, ProfileTable, Setup, matches, missed_rule, select, setup_of
+from .profiles import Profile, ProfileTable, Setup, matches, missed_rule, select, setup_of
 from .vllm_args import AUTO_LEN, LaunchNumbers, VllmArgs, check_launch_args
 
-KV_BYTES = dict.fromkeys(FP8_CACHE_DTYPES, 1)  # anything else: the fp16 model dtype, 2 bytes
-COMPILATION = "--compilation-config"
-
-
-@dataclass(frozen=True)
-class ProfileArg:
-    """One vLLM argument to add (value None: a flag without a value) and why."""
-
-    flag: str
-    value: str | None
-    reason: str
-
-
-@dataclass(frozen=True)
-class LaunchFill:
-    """What the profile step decided."""
-
-    profile: str | None            # the profile's name, "conservative", or None (none/off)
-    args: tuple[ProfileArg, ...] = ()
-    lines: tuple[str, ...] = ()
-    warnings: tuple[str, ...] = ()
-    memory: MemoryPlan | None = None
-    setup: Setup | None = None
 
 
 def mamba_align_effective(version: str | None) -> bool:
@@ -68,16 +43,6 @@ def mamba_align_effective(version: str | None) -> bool:
 
 # vLLM's default largest CUDA-graph capture (max_cudagraph_capture_size): larger batches run eagerly,
 # and it keeps what we generate small whatever --max-num-seqs says.
-MAX_CAPTURE_TOKENS = 512
-
-
-def capture_sizes(max_num_seqs: int, draft_tokens: int) -> list[int]:
-    """CUDA graph sizes for decode with speculation: each sequence verifies 1 + draft tokens; at
-    most MAX_CAPTURE_TOKENS tokens (and at least one size)."""
-    step = 1 + draft_tokens
-    return [step * s for s in range(1, max(1, min(max_num_seqs, MAX_CAPTURE_TOKENS // step)) + 1)]
-
-
 def tp_divides(shape: ModelShape | None, tp: int) -> bool:
     """Whether the model's heads split evenly over `tp` GPUs (KV heads may be replicated)."""
     if shape is None or tp == 1:
@@ -94,67 +59,6 @@ def conservative_tp(gpus: int, shape: ModelShape | None) -> int:
     while tp * 2 <= gpus and tp_divides(shape, tp * 2):
         tp *= 2
     return tp
-
-
-class _Filler:
-    """Collects filled arguments, kept notes and lines for one decision pass."""
-
-    def __init__(self, args: VllmArgs, numbers: LaunchNumbers) -> None:
-        self.user = args
-        self.numbers = numbers  # the user's numeric arguments, checked: the only ones used
-        self.args: list[ProfileArg] = []
-        self.lines: list[str] = []
-        self.warnings: list[str] = []
-
-    def given(self, flag: str) -> bool:
-        # `--compilation-config.mode 3`, `-O3` and `-O.mode` count as giving the compilation config.
-        if self.user.given(flag):
-            return True
-        if any(k.startswith(flag + ".") for k in self.user.flags):
-            return True
-        return flag == COMPILATION and any(k.startswith("-O") for k in self.user.flags)
-
-    def user_value(self, flag: str) -> str | bool | None:
-        return self.user.value(flag)
-
-    def shown(self, flag: str) -> str:
-        """The user's value of `flag` as they gave it, for a `kept:` line."""
-        got = self.user_value(flag)
-        if got is not None:
-            return "on" if got is True else "off" if got is False else str(got)
-        forms = [f"{k} {v}" if isinstance(v, str) else k for k, v in self.user.flags.items()
-                 if k.startswith(flag + ".") or (flag == COMPILATION and k.startswith("-O"))]
-        return ", ".join(forms) or "given"
-
-    def kept(self, flag: str, note: str) -> None:
-        self.lines.append(f"kept: {flag} {self.shown(flag)} as given ({note})")
-
-    def fill(self, flag: str, value: Any, reason: str) -> None:
-        """Add `flag value` unless the user gave the flag; then say it is kept."""
-        text = None if value is None else (value if isinstance(value, str) else json.dumps(value, separators=(",", ":")))
-        if self.given(flag):
-            self.kept(flag, "the profile would use " + ("the flag" if text is None else text))
-            return
-        self.args.append(ProfileArg(flag, text, reason))
-
-
-def _draft_count(n: object) -> int | None:
-    """A draft-token count as given (an int or its text), None when it is not one."""
-    if isinstance(n, str) and n.strip().isdigit():
-        n = int(n)
-    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else None
-
-
-def _user_speculative(f: _Filler) -> int | None:
-    """Draft tokens in the user's own --speculative-config (None: not given or unreadable)."""
-    raw = f.user_value("--speculative-config")
-    if isinstance(raw, str):
-        try:
-            cfg = safe_json.loads(raw)  # bounded nesting: a hostile value cannot recurse
-        except safe_json.BadJson:
-            return None
-        return _draft_count(cfg.get("num_speculative_tokens") if isinstance(cfg, dict) else None)
-    return _draft_count(f.user_value("--speculative-config.num_speculative_tokens"))
 
 
 def _model_line(shape: ModelShape, model: ModelFacts, family: str | None) -> str:
@@ -183,7 +87,7 @@ def fill_launch(facts: Facts, model: ModelFacts | None, profile_setting: str, ar
         return LaunchFill(None, lines=("no SM75 GPU in the facts: no launch profile applies",))
     shape = model_shape(model.config) if model and model.config else None
     setup = setup_of(table, facts, shape)
-    f = _Filler(args, numbers or check_launch_args(args, 0).numbers)
+    f = Filler(args, numbers or check_launch_args(args, 0).numbers)
     version = facts.versions.vllm
     profile = _choose_profile(f, table, setup, profile_setting)
     launch = profile.launch
@@ -196,9 +100,9 @@ def fill_launch(facts: Facts, model: ModelFacts | None, profile_setting: str, ar
     _fill_dtype(f, launch)
     _check_user_dtype(f)
     turbo = turbo or decide_turbo(facts, Settings(), facts.versions.triton)
-    kv = _fill_kv_cache_dtype(f, launch, version, turbo)
-    _fill_attention_backend(f, launch, version, kv)
-    draft = _fill_speculative(f, profile, shape, model, table.families.get(setup.family or ""))
+    kv = fill_kv_cache_dtype(f, launch, version, turbo)
+    fill_attention_backend(f, launch, version, kv)
+    draft = fill_speculative(f, profile, shape, model, table.families.get(setup.family or ""))
     util = _fill_gpu_memory_utilization(f, launch, profile.name, planned)
     inputs = None if setup.gpu_memory_mib is None else MemoryInputs(
         gpu_memory_mib=setup.gpu_memory_mib, tensor_parallel=tp, gpu_memory_utilization=util,
@@ -208,13 +112,13 @@ def fill_launch(facts: Facts, model: ModelFacts | None, profile_setting: str, ar
     _fill_batched_tokens(f, launch, profile.name)
     prefix_on = _fill_prefix_caching(f, launch, shape, version)
     _warn_upstream_bugs(f, shape, draft, prefix_on, version)
-    _fill_cuda_graphs(f, launch, shape, draft, seqs)
+    fill_cuda_graphs(f, launch, shape, draft, seqs)
     _fill_all_reduce(f, launch, tp, profile.name)
     _fill_extra_args(f, launch, profile.name)
     return LaunchFill(profile.name, tuple(f.args), tuple(f.lines), tuple(f.warnings), memory, setup)
 
 
-def _choose_profile(f: _Filler, table: ProfileTable, setup: Setup, setting: str) -> Profile:
+def _choose_profile(f: Filler, table: ProfileTable, setup: Setup, setting: str) -> Profile:
     """The profile named by `setting` (auto: the one matching `setup`, else conservative), announced."""
     if setting == "auto":
         profile = select(table, setup)
@@ -251,7 +155,7 @@ def _near_miss(profile: Profile, rule: str) -> str:
             f"force it with --profile {profile.name}")
 
 
-def _fill_without_shape(f: _Filler, launch: dict[str, Any], profile: str) -> None:
+def _fill_without_shape(f: Filler, launch: dict[str, Any], profile: str) -> None:
     """Without the model's shape only the hardware rules apply: heads, memory, MTP are unknown."""
     f.warnings.append("the model's config.json could not be read (pass a local model directory): "
                       "only --dtype and the all-reduce rule are filled")
@@ -264,7 +168,7 @@ def _memory_use(planned: bool) -> str:
     return "the memory plan uses it" if planned else "no memory plan: GPU memory or checkpoint size unknown"
 
 
-def _fill_tensor_parallel(f: _Filler, launch: dict[str, Any], gpus: int, shape: ModelShape, planned: bool) -> int:
+def _fill_tensor_parallel(f: Filler, launch: dict[str, Any], gpus: int, shape: ModelShape, planned: bool) -> int:
     """Tensor parallel: the user's, else the profile's, else the largest that divides the heads."""
     tp = f.numbers.tensor_parallel_size
     if tp is not None:
@@ -280,90 +184,19 @@ def _fill_tensor_parallel(f: _Filler, launch: dict[str, Any], gpus: int, shape: 
     return tp
 
 
-def _fill_dtype(f: _Filler, launch: dict[str, Any]) -> None:
+def _fill_dtype(f: Filler, launch: dict[str, Any]) -> None:
     """The profile's model dtype (fp16: Turing has no bf16)."""
     if launch.get("dtype"):
         f.fill("--dtype", launch["dtype"], "Turing has no bf16: fp16 weights and activations")
 
 
-def _check_user_dtype(f: _Filler) -> None:
+def _check_user_dtype(f: Filler) -> None:
     """Warn about a user dtype that SM75 cannot run."""
     if f.user_value("--dtype") in ("bfloat16",):
         f.warnings.append("--dtype bfloat16 on SM75: Turing has no bf16, vLLM will refuse it; use half")
 
 
-def _fill_kv_cache_dtype(f: _Filler, launch: dict[str, Any], version: str | None, turbo: TurboDecision) -> str:
-    """KV cache dtype: fp8 only where a backend serves it on SM75 (vLLM's, or ours from 0.24). Returns
-    the effective one."""
-    kv_pref = launch.get("kv_cache_dtype")
-    if kv_pref:
-        if kv_pref in KV_BYTES and not fp8_kv_on_sm75(version, turbo):
-            f.fill("--kv-cache-dtype", "auto", f"the profile asks {kv_pref}, but vLLM {version} has no attention "
-                   "backend for fp8 KV on SM75 (FlashInfer is refused below SM80 and Triton attention rejects "
-                   f"fp8 below SM89 from 0.24) and ours cannot serve it: {our_backend_problem(version, turbo)}: "
-                   "fp16 KV")
-        elif kv_pref in KV_BYTES and not vllm_fp8_kv_on_sm75(version):
-            f.fill("--kv-cache-dtype", kv_pref, f"fp8 KV halves the cache; vLLM {version} refuses it on SM75, our "
-                   f"attention backend ({OUR_BACKEND}, Turbo tensor cores) serves it")
-        else:
-            why = ("fp8 KV halves the cache; vLLM " + str(version) + " serves it on SM75"
-                   if kv_pref in KV_BYTES else "the model dtype")
-            f.fill("--kv-cache-dtype", kv_pref, why)
-    kv_given = f.user_value("--kv-cache-dtype")
-    if isinstance(kv_given, str) and kv_given in KV_BYTES and not fp8_kv_on_sm75(version, turbo):
-        f.warnings.append(f"--kv-cache-dtype {kv_given} kept as given, but vLLM {version} has no backend that "
-                          "serves fp8 KV on SM75: the start will fail")
-    if isinstance(kv_given, str):
-        return kv_given
-    return str(next((a.value for a in f.args if a.flag == "--kv-cache-dtype"), "auto"))
-
-
-def _fill_attention_backend(f: _Filler, launch: dict[str, Any], version: str | None, kv: str) -> None:
-    """The profile's attention backend: ours where fp8 KV rests on it, Triton where this release
-    refuses FlashInfer on SM75. `kv` is the effective KV cache dtype."""
-    backend = launch.get("attention_backend")
-    if not backend:
-        return
-    if kv in KV_BYTES and not vllm_fp8_kv_on_sm75(version):
-        f.fill("--attention-backend", OUR_BACKEND, f"fp8 KV on SM75 with vLLM {version}: our attention backend, "
-               "registered as CUSTOM (vLLM's TRITON_ATTN with our kernel and fp8 cache write)")
-    elif backend == "FLASHINFER" and not vv.has("flashinfer-on-sm75", version):
-        f.fill("--attention-backend", "TRITON_ATTN", f"the profile asks FLASHINFER, refused below SM80 in "
-               f"vLLM {version}: Triton attention, the backend left on SM75")
-    else:
-        f.fill("--attention-backend", backend, "FlashInfer runs on SM75 up to vLLM 0.23 (FLASH_ATTN needs SM80); "
-               "named so a broken FlashInfer fails at start instead of switching silently"
-               if backend == "FLASHINFER" else "the profile's attention backend")
-
-
-def _fill_speculative(f: _Filler, profile: Profile, shape: ModelShape, model: ModelFacts,
-                      family: Family | None) -> int:
-    """Speculative decoding: MTP only with MTP weights in the checkpoint. Returns the draft tokens."""
-    draft = _user_speculative(f)
-    if draft is None and f.given("--speculative-config"):
-        f.lines.append("kept: --speculative-config as given (draft tokens unreadable, the memory plan assumes none)")
-        return 0
-    if draft is not None:
-        f.lines.append(f"kept: --speculative-config as given ({draft} draft tokens)")
-        return draft
-    want = profile.launch.get("speculative_tokens", 0)
-    if not want:
-        return 0
-    method = family.speculative_method if family else None
-    if not model.has_mtp_weights:
-        declared = f"the config declares {shape.mtp_layers} MTP layer(s) but " if shape.mtp_layers else ""
-        f.lines.append(f"speculative: none: {declared}the checkpoint has no MTP weights (mtp.*)")
-        return 0
-    if not method:
-        f.lines.append(f"speculative: none: no MTP method known for {shape.architecture}")
-        return 0
-    f.fill("--speculative-config", {"method": method, "num_speculative_tokens": want},
-           f"the checkpoint has {model.mtp_weights} MTP weights; {want} draft tokens were the fastest count "
-           f"(profile {profile.name}: speeds in its source)")
-    return want
-
-
-def _fill_gpu_memory_utilization(f: _Filler, launch: dict[str, Any], profile: str, planned: bool) -> float:
+def _fill_gpu_memory_utilization(f: Filler, launch: dict[str, Any], profile: str, planned: bool) -> float:
     """The share of each GPU vLLM takes: the user's, else the profile's. Returns it."""
     util = f.numbers.gpu_memory_utilization
     if util is not None:
@@ -374,7 +207,7 @@ def _fill_gpu_memory_utilization(f: _Filler, launch: dict[str, Any], profile: st
     return util
 
 
-def _fill_memory(f: _Filler, launch: dict[str, Any], shape: ModelShape,
+def _fill_memory(f: Filler, launch: dict[str, Any], shape: ModelShape,
                  inputs: MemoryInputs | None) -> tuple[MemoryPlan | None, int]:
     """max-model-len and max-num-seqs that fit, from the effective values decided before.
 
@@ -413,14 +246,14 @@ def _kept_memory_note(flag: str, numbers: LaunchNumbers, memory: MemoryPlan) -> 
     return _memory_use(memory.fits is not None)
 
 
-def _fill_batched_tokens(f: _Filler, launch: dict[str, Any], profile: str) -> None:
+def _fill_batched_tokens(f: Filler, launch: dict[str, Any], profile: str) -> None:
     """The profile's prefill chunk."""
     batched = launch.get("max_num_batched_tokens")
     if batched:
         f.fill("--max-num-batched-tokens", str(batched), f"profile {profile}: the prefill chunk")
 
 
-def _fill_prefix_caching(f: _Filler, launch: dict[str, Any], shape: ModelShape, version: str | None) -> bool:
+def _fill_prefix_caching(f: Filler, launch: dict[str, Any], shape: ModelShape, version: str | None) -> bool:
     """Prefix caching, and the mamba cache mode it needs on hybrid models; whether it is on."""
     prefix_user = f.user_value("--enable-prefix-caching")
     if launch.get("prefix_caching"):
@@ -432,40 +265,21 @@ def _fill_prefix_caching(f: _Filler, launch: dict[str, Any], shape: ModelShape, 
     return prefix_on
 
 
-def _warn_upstream_bugs(f: _Filler, shape: ModelShape, draft: int, prefix_on: bool, version: str | None) -> None:
+def _warn_upstream_bugs(f: Filler, shape: ModelShape, draft: int, prefix_on: bool, version: str | None) -> None:
     """The upstream bugs this launch meets (data/upstream_bugs.json): MTP is kept for its speed (the
     field report's 100 against 45 tok/s), and each bug is a warning with its sources and a check."""
     for bug in bugs_for(version, speculative=bool(draft), prefix_caching=prefix_on, hybrid_gdn=shape.is_hybrid):
         f.warnings.append(bug.warning(version))
 
 
-def _fill_cuda_graphs(f: _Filler, launch: dict[str, Any], shape: ModelShape, draft: int, seqs: int) -> None:
-    """CUDA graphs: PIECEWISE with MTP on hybrid models, sized for `seqs` x (1 + `draft`) tokens."""
-    if not (draft and shape.is_hybrid):
-        return
-    if f.user_value("--enforce-eager") is True:
-        f.lines.append("cuda graphs: none (--enforce-eager given), so no compilation config is filled")
-        return
-    mode = launch.get("cudagraph_mode", "PIECEWISE")
-    if f.given(COMPILATION):
-        raw = json.dumps(f.user.flags.get(COMPILATION, "")) + " ".join(
-            f"{k} {v}" for k, v in f.user.flags.items() if k.startswith(COMPILATION + "."))
-        if "FULL" in raw.upper():
-            f.warnings.append("your compilation config asks FULL CUDA graphs with MTP on a hybrid GDN model: "
-                              "that corrupts output; use cudagraph_mode PIECEWISE")
-    f.fill(COMPILATION, {"cudagraph_mode": mode, "cudagraph_capture_sizes": capture_sizes(seqs, draft)},
-           f"FULL CUDA graphs with MTP corrupt output on hybrid GDN models: {mode}, graphs for "
-           f"{seqs} sequence(s) x (1 + {draft}) tokens")
-
-
-def _fill_all_reduce(f: _Filler, launch: dict[str, Any], tp: int, profile: str) -> None:
+def _fill_all_reduce(f: Filler, launch: dict[str, Any], tp: int, profile: str) -> None:
     """`--disable-custom-all-reduce` with tensor parallel > 1, unless the profile keeps it."""
     if tp > 1 and not launch.get("custom_all_reduce", False):
         f.fill("--disable-custom-all-reduce", None, f"TP {tp} over PCIe: vLLM's custom all-reduce slows decode "
                f"(profile {profile}: the cost in its source)")
 
 
-def _fill_extra_args(f: _Filler, launch: dict[str, Any], profile: str) -> None:
+def _fill_extra_args(f: Filler, launch: dict[str, Any], profile: str) -> None:
     """The profile's flags without a rule of their own."""
     for flag, value in launch.get("extra_args", {}).items():
         f.fill(flag, None if value is None else str(value), f"profile {profile}")

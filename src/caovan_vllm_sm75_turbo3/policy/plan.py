@@ -14,12 +14,11 @@ from dataclasses import dataclass, field
 
 from .. import __version__
 from ..config import Settings
-from ..runtime.facts import Facts
 from ..runtime.flashinfer_probe import SamplerProbe
-from ..runtime.model import ModelShape
-from .accel import Turbo3, gdn_state, turbo3_state
+from .accel import Turbo3
 from .checks import CheckResult, Status, rollup, run_checks, sm75_line
 from .guards import CacheState, EnvChange, GuardResult, arch_guard, cache_guard, sampler_guard, timeout_guard
+from .decision import Decision
 from .vllm_args import VllmArgs
 
 POST_START_WARMUP = "disabled-default"  # never warm up from inside the server: it raced the first compile
@@ -97,14 +96,6 @@ class Plan:
             "checks": [c.to_dict() for c in self.checks]}
 
 
-def _kv_cache_dtype(args: VllmArgs, filled: Sequence[FilledArg]) -> str | None:
-    """The launch's --kv-cache-dtype: the user's, else the profile's, else None (vLLM's auto)."""
-    given = args.value("--kv-cache-dtype")
-    if isinstance(given, str):
-        return given
-    return next((f.value for f in filled if f.flag == "--kv-cache-dtype"), None)
-
-
 def _turbo3_refusal(settings: Settings, t3: Turbo3) -> str:
     where = settings.source("require_turbo3")
     return (f"require-turbo3 ({where}) is on, but no hot path of this model gets tensor cores: "
@@ -113,16 +104,33 @@ def _turbo3_refusal(settings: Settings, t3: Turbo3) -> str:
               "vLLM's own kernels with the SM75 guards.")
 
 
-def make_plan(facts: Facts, settings: Settings, env: Mapping[str, str], args: VllmArgs,
+def _turbo3_notes(decision: Decision, notes: list[str], filled: bool) -> str | None:
+    """Add the turbo3= and profile notes (`filled`: a profile filled arguments); return
+    require-turbo3's refusal (None: none)."""
+    settings, facts, t3 = decision.settings, decision.facts, decision.turbo3
+    refusal = None
+    if t3.active:
+        notes.append("turbo3=active: " + "; ".join(t3.paths))
+    elif settings.require_turbo3:
+        refusal = _turbo3_refusal(settings, t3)
+    elif facts.sm75_count and settings.mode == "auto":
+        notes.append("turbo3=inactive, serving on vLLM's own kernels with the guards: " + "; ".join(t3.reasons))
+    if settings.profile != "none" and not filled:
+        notes.append(f"profile={settings.profile} ({settings.source('profile')}): no vLLM argument filled here "
+                     "(launch profiles fill only in caovan-vllm-serve, only what the user did not give)")
+    return refusal
+
+
+def make_plan(decision: Decision, env: Mapping[str, str], args: VllmArgs,
               cache: CacheState | None = None, sampler_probe: SamplerProbe | None = None,
-              filled_args: Sequence[FilledArg] = (), shape: ModelShape | None = None) -> Plan:
-    """Decide the launch. Pure: reads only its arguments, writes nothing.
+              filled_args: Sequence[FilledArg] = ()) -> Plan:
+    """Plan the launch from the process's one decision. Pure: reads only its arguments, writes nothing.
 
     `cache` is the environment key's cache directory as read by the caller (None: no isolation);
     `sampler_probe` the FlashInfer test build's result (None: not run); `filled_args` the vLLM
-    arguments a launch profile proposes, of which only those the user did not give are used;
-    `shape` the model's config as read (None: unknown, judged as the hybrid models we target).
+    arguments a launch profile proposes, of which only those the user did not give are used.
     """
+    facts, settings = decision.facts, decision.settings
     checks = tuple(run_checks(facts))
     runtime = rollup(list(checks))
     status = {"runtime": runtime.value, "sm75": sm75_line(facts)}
@@ -139,13 +147,12 @@ def make_plan(facts: Facts, settings: Settings, env: Mapping[str, str], args: Vl
         return Plan(status=status, env=(), warnings=tuple(warnings), active=False,
                     **{**common, "notes": (*notes, f"the plugin is off ({why}): vLLM runs untouched")})
 
-    gdn = gdn_state(facts, settings, shape)
-    t3 = turbo3_state(facts, settings, gdn, shape, _kv_cache_dtype(args, filled_args))
+    gdn, t3 = decision.gdn, decision.turbo3
     results: list[GuardResult] = []
     if facts.sm75_count:
-        sampler = sampler_guard(facts, settings, env, sampler_probe)
-        results += [sampler, timeout_guard(facts, settings, env), arch_guard(facts, settings, env),
-                    cache_guard(facts, settings, env, cache)]
+        sampler = sampler_guard(decision, env, sampler_probe)
+        results += [sampler, timeout_guard(decision, env), arch_guard(decision, env),
+                    cache_guard(decision, env, cache)]
         sampler_line = sampler.status or "vllm-default"
     else:
         sampler_line = "not-sm75"
@@ -160,16 +167,7 @@ def make_plan(facts: Facts, settings: Settings, env: Mapping[str, str], args: Vl
     if cache is not None and facts.sm75_count and settings.cache_isolation:
         status["cache_key"] = cache.path
 
-    refusal = None
-    if t3.active:
-        notes.append("turbo3=active: " + "; ".join(t3.paths))
-    elif settings.require_turbo3:
-        refusal = _turbo3_refusal(settings, t3)
-    elif facts.sm75_count and settings.mode == "auto":
-        notes.append("turbo3=inactive, serving on vLLM's own kernels with the guards: " + "; ".join(t3.reasons))
-    if settings.profile != "none" and not filled_args:
-        notes.append(f"profile={settings.profile} ({settings.source('profile')}): no vLLM argument filled here "
-                     "(launch profiles fill only in caovan-vllm-serve, only what the user did not give)")
+    refusal = _turbo3_notes(decision, notes, bool(filled_args))
     filled = []
     for f in filled_args:
         if args.given(f.flag):

@@ -20,7 +20,8 @@ from ..runtime.facts import Facts, GpuFact, HostFacts, Versions
 from ..runtime.model import ModelFacts
 from . import vllm_versions as vv
 from .attention import fp8_kv_on_sm75
-from .launch_fill import ProfileArg, fill_launch
+from .fill_base import ProfileArg
+from .launch_fill import fill_launch
 from .profiles import Profile, ProfileTable, overlapping
 from .vllm_args import read_vllm_args
 

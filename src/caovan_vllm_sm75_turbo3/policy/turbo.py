@@ -6,17 +6,18 @@ command, its tests and CI apply the same numbers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from ..config import Settings
-from ..kernels.turbo.allowlist import load_allowlist, triton_version_matches
+from ..kernels.turbo.allowlist import Allowlist, KernelEntry, load_allowlist, triton_version_matches
+from ..kernels.turbo.protocol import PROTOCOLS
 from ..kernels.turbo.spec import SM75_SHARED_LIMIT
 from ..runtime.facts import Facts
 from ..versions import minor
 
-# Triton releases whose stages-hook protocol and cache key we read and tested the hook against
-# (triton/backends/nvidia/compiler.py add_stages, triton/compiler/compiler.py get_cache_key).
-HOOK_TRITON_VERSIONS = ("3.6", "3.7", "3.8")
+# Triton releases whose stages-hook protocol and cache key we read and tested the hook against: the
+# rows of kernels/turbo/protocol.py, their one home.
+HOOK_TRITON_VERSIONS = tuple(PROTOCOLS)
 # Our kernels' Triton functions as the allowlist names them: each claim of tensor cores checks its own.
 GDN_KERNELS = ("_prep_kernel", "_state_kernel")
 # vLLM's own FLA GDN forward kernels (their texts per release: data/turbo_allowlist.json `sources`).
@@ -35,6 +36,8 @@ class TurboDecision:
     line: str      # the `turbo=` status value
     reason: str
     triton: str | None = None   # the Triton version decided for
+    # data/turbo_allowlist.json, read once where the hook is installed (None where it is not)
+    allowlist: Allowlist | None = field(default=None, compare=False, repr=False)
 
     @property
     def tensor_cores(self) -> bool:
@@ -48,7 +51,7 @@ class TurboDecision:
         each one's allowlist entry lists this Triton (it was compile- and numerically checked there)."""
         if not self.tensor_cores or not self.triton:
             return False
-        entries = {k.name: k for k in load_allowlist().kernels}
+        entries = self._entries()
         return all(n in entries and triton_version_matches(self.triton, entries[n].triton_versions) for n in kernels)
 
     def serves_vllm_gdn(self, vllm_version: str | None) -> bool:
@@ -56,8 +59,13 @@ class TurboDecision:
         the release's kernel texts was verified on this Triton."""
         if not self.tensor_cores or not self.triton or not vllm_version:
             return False
-        entries = {k.name: k for k in load_allowlist().kernels}
+        entries = self._entries()
         return all(n in entries and entries[n].covers_release(vllm_version, self.triton) for n in VLLM_GDN_KERNELS)
+
+    def _entries(self) -> dict[str, KernelEntry]:
+        """The allowlist's kernels by name (decide_turbo read it once; a decision built by hand reads it here)."""
+        allowlist = self.allowlist if self.allowlist is not None else load_allowlist()
+        return {k.name: k for k in allowlist.kernels}
 
     def not_served_reason(self, what: str) -> str:
         """Why `serves` is False for `what` (e.g. "our GDN prefill"), in one clause."""
@@ -68,8 +76,10 @@ class TurboDecision:
 
 
 def decide_turbo(facts: Facts, settings: Settings, triton_version: str | None) -> TurboDecision:
-    """Decide from the facts (SM75 GPUs), `settings.turbo` (auto|on|off) and Triton's version."""
-    return replace(_decide(facts, settings, triton_version), triton=triton_version)
+    """Decide from the facts (SM75 GPUs), `settings.turbo` (auto|on|off) and Triton's version; where
+    the hook is installed, the decision holds the allowlist it reads (loaded here, once)."""
+    decision = _decide(facts, settings, triton_version)
+    return replace(decision, triton=triton_version, allowlist=load_allowlist() if decision.install else None)
 
 
 def _decide(facts: Facts, settings: Settings, triton_version: str | None) -> TurboDecision:

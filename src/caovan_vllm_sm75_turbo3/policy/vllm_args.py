@@ -91,10 +91,24 @@ def _set_nested(target: dict[str, Any], keys: list[str], value: Any) -> None:
     target[keys[-1]] = value
 
 
-def read_vllm_args(argv: Sequence[str]) -> VllmArgs:
+def _set_dotted(dotted: dict[str, Any], token: str, name: str, value: str | bool) -> None:
+    """One `--additional-config.KEY value` into `dotted` (SettingError for a missing value or key)."""
+    keys = name[len(ADDITIONAL_CONFIG) + 1:].split(".")
+    if value is True or not all(keys):
+        raise SettingError(f"{token} needs a value, e.g. {ADDITIONAL_CONFIG}.caovan_mode auto.")
+    if len(keys) > safe_json.MAX_DEPTH:
+        raise SettingError(f"{ADDITIONAL_CONFIG}.KEY takes at most {safe_json.MAX_DEPTH} dotted "
+                           f"levels, not {len(keys)}.")
+    _set_nested(dotted, keys, _json_value(str(value)))
+
+
+def read_vllm_args(argv: Sequence[str], expanded: Sequence[str] | None = None) -> VllmArgs:
     """Read `argv` (the arguments after `vllm serve`). Raises SettingError for a malformed
-    `--additional-config` (invalid JSON, not an object, a dotted key without a value)."""
-    args = tuple(argv)
+    `--additional-config` (invalid JSON, not an object, a dotted key without a value).
+
+    `expanded` is `argv` with a `--config FILE` replaced by the file's arguments (runtime/config_file.py,
+    read by the caller: this module does no I/O); what is read comes from it, `argv` stays as given."""
+    args = tuple(expanded if expanded is not None else argv)
     flags: dict[str, str | bool] = {}
     plain_config: str | None = None
     dotted: dict[str, Any] = {}
@@ -117,13 +131,7 @@ def read_vllm_args(argv: Sequence[str]) -> VllmArgs:
         else:
             value = True
         if name.startswith(ADDITIONAL_CONFIG + "."):
-            keys = name[len(ADDITIONAL_CONFIG) + 1:].split(".")
-            if value is True or not all(keys):
-                raise SettingError(f"{token} needs a value, e.g. {ADDITIONAL_CONFIG}.caovan_mode auto.")
-            if len(keys) > safe_json.MAX_DEPTH:
-                raise SettingError(f"{ADDITIONAL_CONFIG}.KEY takes at most {safe_json.MAX_DEPTH} dotted "
-                                   f"levels, not {len(keys)}.")
-            _set_nested(dotted, keys, _json_value(str(value)))
+            _set_dotted(dotted, token, name, value)
             continue
         if name == ADDITIONAL_CONFIG:
             if value is True:
@@ -146,10 +154,10 @@ def read_vllm_args(argv: Sequence[str]) -> VllmArgs:
                          "JSON (vLLM appends them last); we read what vLLM will read")
         config = dotted
         flags[ADDITIONAL_CONFIG] = json.dumps(dotted)
-    if "--config" in flags:
-        notes.append("--config FILE: arguments inside that YAML file are not read by the launcher; "
-                     "the guards treat them as not given")
-    return VllmArgs(argv=args, model=model, flags=flags, additional_config=config, notes=tuple(notes))
+    if expanded is not None and tuple(expanded) != tuple(argv):
+        notes.append(f"--config FILE: its {len(args) - len(argv) + 2} argument word(s) read as vLLM reads them "
+                     "(the command line wins over the file)")
+    return VllmArgs(argv=tuple(argv), model=model, flags=flags, additional_config=config, notes=tuple(notes))
 
 
 def serve_args(argv: Sequence[str]) -> list[str]:
@@ -254,7 +262,7 @@ def _check_number(rule: ArgRule, raw: str | bool) -> tuple[int | float | None, s
 
 
 def _model_error(args: VllmArgs) -> str | None:
-    """Why the model argument is missing or empty (a `--config` YAML may name it: not read)."""
+    """Why the model argument is missing or empty (a `--config` YAML's `model:` counts: it was read)."""
     what = "a local model directory or a Hugging Face model name"
     if args.flags.get(MODEL_FLAG) is True:   # `--model` last, or before another flag: vLLM's parser refuses it
         return f"{MODEL_FLAG} needs a value: {what}"
@@ -264,8 +272,6 @@ def _model_error(args: VllmArgs) -> str | None:
         return f"{MODEL_FLAG} needs a value: {what}"
     if args.model == "":
         return f"the model (first argument) is empty: {what}"
-    if args.given("--config"):
-        return None
     return ("no model given: caovan-vllm-serve MODEL [vLLM serve arguments], MODEL a local model "
             "directory or a Hugging Face model name (first, or as --model)")
 

@@ -12,7 +12,7 @@ from importlib import resources
 
 from packaging.version import Version
 
-from ..versions import minor, minor_key, parse  # noqa: F401  (callers read vv.minor / vv.parse here)
+from ..versions import minor, minor_key, parse
 
 REFERENCE = "0.21.0"
 SUPPORTED_MIN = "0.21.0"
@@ -98,16 +98,52 @@ def release_pins(version: str | None) -> ReleasePins | None:
     return next((p for p in all_release_pins() if minor(p.vllm) == mm), None) if mm else None
 
 
-def has(feature: str, version: str | None) -> bool | None:
+# Each row's bounds, parsed once when this module loads (the table is constant).
+_BOUNDS: dict[str, tuple[tuple[int, int] | None, tuple[int, int] | None]] = {
+    f.name: (minor_key(f.since) if f.since else None, minor_key(f.until) if f.until else None) for f in FEATURES}
+
+
+@dataclass(frozen=True)
+class Release:
+    """One vLLM version, parsed once: its (major, minor), its support status and which table rows hold.
+
+    A decision holds one (policy/decision.py), so a process parses its vLLM version once; every
+    function below also takes a version string for one-off questions (a log's version, a profile's)."""
+
+    version: str | None
+    key: tuple[int, int] | None         # None: absent or unparseable (every feature is then unknown)
+    status: str                         # support_status()
+    features: frozenset[str]            # the FEATURES rows that hold for this release
+
+    def has(self, name: str) -> bool | None:
+        """Whether this release has feature `name`; None when the version is unknown."""
+        if name not in _BOUNDS:
+            raise KeyError(f"unknown vLLM release feature {name!r}")
+        return None if self.key is None else name in self.features
+
+    def family(self, kind: str) -> str | None:
+        """The interface family of `kind` ("gdn" or "attn") the table names for this release."""
+        return next((f.name.removeprefix(kind + ":") for f in FEATURES
+                     if f.name.startswith(kind + ":") and f.name in self.features), None)
+
+
+def release(version: str | Release | None) -> Release:
+    """`version` parsed against the table (a Release is returned as it is)."""
+    if isinstance(version, Release):
+        return version
+    try:
+        key = minor_key(version or "")
+    except ValueError:
+        key = None
+    held = frozenset() if key is None else frozenset(
+        name for name, (since, until) in _BOUNDS.items()
+        if (since is None or key >= since) and (until is None or key <= until))
+    return Release(version, key, _status(version), held)
+
+
+def has(feature: str, version: str | Release | None) -> bool | None:
     """Whether vLLM `version` has `feature`; None when the version is unknown."""
-    mm = minor(version)
-    if mm is None:
-        return None
-    row = next((f for f in FEATURES if f.name == feature), None)
-    if row is None:
-        raise KeyError(f"unknown vLLM release feature {feature!r}")
-    k = minor_key(mm)
-    return (row.since is None or k >= minor_key(row.since)) and (row.until is None or k <= minor_key(row.until))
+    return release(version).has(feature)
 
 
 def feature(name: str) -> ReleaseFeature:
@@ -115,8 +151,17 @@ def feature(name: str) -> ReleaseFeature:
     return next(f for f in FEATURES if f.name == name)
 
 
-def support_status(version: str | None) -> str:
+def support_status(version: str | Release | None) -> str:
     """'reference', 'tested', 'supported-untested', 'too-old', 'too-new' or 'unknown'."""
+    return version.status if isinstance(version, Release) else _status(version)
+
+
+def supported(version: str | Release | None) -> bool:
+    """Whether `version` is a release we read (known, not too old, not too new)."""
+    return support_status(version) not in ("unknown", "too-old", "too-new")
+
+
+def _status(version: str | None) -> str:
     v = parse(version)
     if v is None:
         return "unknown"
@@ -131,17 +176,11 @@ def support_status(version: str | None) -> str:
     return "supported-untested"
 
 
-def attention_family(version: str | None) -> str | None:
+def attention_family(version: str | Release | None) -> str | None:
     """Our attention backend's interface family for this release (None: vLLM's own serve SM75)."""
-    for f in FEATURES:
-        if f.name.startswith("attn:") and has(f.name, version):
-            return f.name.removeprefix("attn:")
-    return None
+    return release(version).family("attn")
 
 
-def gdn_family(version: str | None) -> str | None:
+def gdn_family(version: str | Release | None) -> str | None:
     """The GDN interface family name we expect for this release (detection confirms it)."""
-    for f in FEATURES:
-        if f.name.startswith("gdn:") and has(f.name, version):
-            return f.name.removeprefix("gdn:")
-    return None
+    return release(version).family("gdn")

@@ -6,8 +6,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..textsafe import shown
+from ..logformat import READY_LINE, warmup_failed_line
 
-READY_LINE = "[Caovan] warmup=READY"
 OK, FAILED, SKIPPED, NOT_RUN = "ok", "failed", "skipped", "not-run"
 READINESS = "readiness"
 
@@ -95,7 +95,7 @@ class WarmupReport:
         reason = " ".join(bad.reason.split())
         if len(self.servers) + len(self.not_attempted) > 1:
             reason += f" (server {bad.api_base})"
-        return f"[Caovan] warmup=FAILED step={bad.failed_step} reason={reason}"
+        return warmup_failed_line(bad.failed_step, reason)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON report for `--json`."""

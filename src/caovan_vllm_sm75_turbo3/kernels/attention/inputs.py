@@ -17,7 +17,9 @@ from .configs import FP8_CACHE_DTYPES, HEAD_DIMS
 # are where the H200 evidence runs the same sm_75 PTX, not through this launcher.
 CAPABILITIES: tuple[tuple[int, int], tuple[int, int]] = ((7, 5), (8, 9))
 CACHE_DTYPE_NAMES = FP8_CACHE_DTYPES
-_TORCH_FORMATS = {torch.float16: "fp16", torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2"}
+# The torch dtype of each KV format (configs.KV_FORMATS): their one home, with the reverse lookup.
+TORCH_DTYPES = {"fp16": torch.float16, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+_TORCH_FORMATS = {dtype: fmt for fmt, dtype in TORCH_DTYPES.items()}
 
 
 class AttentionInputError(CaovanError, ValueError):

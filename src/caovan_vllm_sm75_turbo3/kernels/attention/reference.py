@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from .inputs import kv_format
+from .inputs import TORCH_DTYPES, kv_format
 
 # Float64 scores held at once (2 GiB): full-size checks (8192 rows x 128K keys) go in row steps.
 _SCORES_PER_STEP = 2**28
-_FP8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 
 
 def dequantize_cache(cache: torch.Tensor, descale: torch.Tensor | None = None,
@@ -26,7 +25,7 @@ def dequantize_cache(cache: torch.Tensor, descale: torch.Tensor | None = None,
     fmt = kv_format(cache, kv_cache_dtype)
     if fmt == "fp16":
         return cache.double()
-    x = cache.view(_FP8[fmt]).to(torch.float64)
+    x = cache.view(TORCH_DTYPES[fmt]).to(torch.float64)
     if descale is not None:
         x = x * descale.double().view(1, 1, -1, 1)
     return x
@@ -38,7 +37,7 @@ def quantize_cache(source: torch.Tensor, scale: torch.Tensor | float, kv_format:
     `scale` per KV head (`[kv_heads]`) or one float; what vLLM's cache write computes with a
     per-tensor scale. For tests and the benchmark.
     """
-    dtype = _FP8[kv_format]
+    dtype = TORCH_DTYPES[kv_format]
     if isinstance(scale, torch.Tensor):
         scale = scale.double().view(1, 1, -1, 1)
     limit = torch.finfo(dtype).max

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
+from ... import versions
+
 ALLOWLIST_FILE = "turbo_allowlist.json"
 
 
@@ -118,15 +120,12 @@ def source_digest(source: str) -> str:
 
 def triton_version_matches(version: str, verified: tuple[str, ...]) -> bool:
     """'3.6.0' matches an entry '3.6.0' or '3.6'; local suffixes ('+git') are ignored."""
-    base = version.split("+", 1)[0]
-    return any(base == v or base.startswith(v + ".") for v in verified)
+    return versions.matches(version, verified)
 
 
 def release_in(version: str, releases: str) -> bool:
     """'0.27.0' (or '0.27.0+cpu') is in '0.26.0-0.31.0' or equal to '0.27.0'."""
-    low, _, high = releases.partition("-")
-    key = _version_key(version.split("+", 1)[0])
-    return _version_key(low) <= key <= _version_key(high or low)
+    return versions.in_range(version, releases)
 
 
 def _parse_sources(raw: Mapping[str, Any]) -> tuple[SourceVariant, ...]:
@@ -145,15 +144,11 @@ def _parse_sources(raw: Mapping[str, Any]) -> tuple[SourceVariant, ...]:
     return variants
 
 
-def _version_key(version: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in version.split(".") if p.isdigit())
-
-
 def _parse_entry(raw: Mapping[str, Any]) -> KernelEntry:
     sources = _parse_sources(raw) if "sources" in raw else ()
     if sources:
         digests = tuple(dict.fromkeys(v.digest for v in sources))
-        tritons = tuple(sorted({t for v in sources for t in v.triton_versions}, key=_version_key))
+        tritons = tuple(sorted({t for v in sources for t in v.triton_versions}, key=versions.release_key))
     else:
         digests, tritons = tuple(raw.get("source_sha256", ())), tuple(raw["triton_versions"])
     return KernelEntry(

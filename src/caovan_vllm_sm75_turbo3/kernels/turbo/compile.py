@@ -17,6 +17,7 @@ from .hook import installed, kernel_identity
 from .pipeline import TurboBuildError
 from .protocol import triton_ptxas_extra
 from .resources import entry_name, fma_count, mma_count, run_ptxas
+from .spec import divisibility_attrs
 
 SM75 = 75
 
@@ -49,11 +50,6 @@ class CompiledInfo:
     def summary(self) -> dict[str, Any]:
         """JSON-ready fields, without the binaries."""
         return {"kernel": self.name, "build": self.build, **self.summary_numbers(), "num_warps": self.num_warps}
-
-
-def divisibility_attrs(fn: Any, names: list[str] | tuple[str, ...]) -> dict[tuple[int, ...], list]:
-    """Triton attrs marking these arguments divisible by 16, as its JIT specialises aligned args."""
-    return {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in names}
 
 
 def jit_function(fn: Any) -> Any:

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...logformat import HOOK_PREFIX
 from .allowlist import Allowlist, source_digest
 from .pipeline import TURBO_TAG, TurboBuild, apply_turbo
 
@@ -115,14 +116,14 @@ class TurboHook:
     def _built(self, name: str, build: TurboBuild) -> None:
         if name not in self.built:
             self.built.add(name)
-            logger.info("Caovan turbo: %s built for sm_75 tensor cores (%d mma.sync, %s registers, "
+            logger.info(HOOK_PREFIX + " %s built for sm_75 tensor cores (%d mma.sync, %s registers, "
                         "%d bytes shared)", name, build.metadata.get("caovan_turbo_mma", 0),
                         build.ptxas.registers, build.metadata.get("shared") or 0)
 
     def _fallback(self, name: str, reason: str) -> None:
         if name not in self.fell_back:
             self.fell_back[name] = reason
-            logger.warning("Caovan turbo: %s builds plain (no tensor cores): %s", name, reason)
+            logger.warning(HOOK_PREFIX + " %s builds plain (no tensor cores): %s", name, reason)
 
 
 def current_hook() -> TurboHook | None:
@@ -140,7 +141,7 @@ def _keyed(original: Callable, selector: Selector) -> Callable:
             src, backend, options = args[:3]
             picked = selector(src, backend, options)
         except Exception as err:   # a broken selector or another protocol must not break compiling
-            logger.warning("Caovan turbo: kernel selection failed, building plain: %s", err)
+            logger.warning(HOOK_PREFIX + " kernel selection failed, building plain: %s", err)
             picked = False
         if not picked:
             return key

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...versions import minor
+
 
 @dataclass(frozen=True)
 class HookProtocol:
@@ -43,8 +45,7 @@ PROTOCOLS: dict[str, HookProtocol] = {p.triton: p for p in (
 
 def protocol_for(version: str) -> HookProtocol | None:
     """The row for a Triton version ('3.7.1', '3.7.1+git...'), None for a release nobody read."""
-    parts = version.split("+", 1)[0].split(".")
-    return PROTOCOLS.get(".".join(parts[:2]))
+    return PROTOCOLS.get(minor(version) or "")
 
 
 def triton_ptxas_extra() -> tuple[str, ...]:

@@ -36,8 +36,11 @@ class KernelSpec:
     @property
     def attrs(self) -> dict:
         """Triton attrs with the divisible parameters marked, as the JIT specialises them."""
-        from .compile import divisibility_attrs
-
         names = self.divisible if self.divisible is not None else [
             n for n, t in self.signature.items() if t.startswith("*")]
         return divisibility_attrs(self.fn, list(names))
+
+
+def divisibility_attrs(fn: Any, names: list[str] | tuple[str, ...]) -> dict[tuple[int, ...], list]:
+    """Triton attrs marking these arguments divisible by 16, as its JIT specialises aligned args."""
+    return {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in names}

@@ -19,12 +19,14 @@ import torch
 from vllm.v1.attention.backends import triton_attn as _vllm
 
 from ...kernels.attention import cache_write
+from ...kernels.attention.configs import FP8_CACHE_DTYPES
+from ...kernels.attention.inputs import TORCH_DTYPES
 from ...kernels.attention import unified_attention as _kernel
+from ...policy.attention import OUR_BACKEND
 
 # vLLM's extras with the value that means "feature off"; anything else is refused by our kernel.
 _OFF: dict[str, Any] = {"rswa_prefix_lens": None, "rswa_window": None, "use_td": False,
                         "mm_prefix_clamp_sliding_window": False}
-_FP8_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 
 
 def _ours(**kw: Any) -> torch.Tensor:
@@ -75,7 +77,8 @@ class CaovanAttentionImpl(_vllm.TritonAttentionImpl):
         self._kv_quant_mode = _vllm.get_kv_quant_mode(kv_cache_dtype)
         self._is_per_token_head_quant = self._kv_quant_mode.is_per_token_head
         # vLLM views every fp8 cache as the platform's e4m3; ours reads and writes the named format.
-        self.fp8_dtype = _FP8_DTYPES.get(kv_cache_dtype, self.fp8_dtype)
+        if kv_cache_dtype in FP8_CACHE_DTYPES:
+            self.fp8_dtype = TORCH_DTYPES[FP8_CACHE_DTYPES[kv_cache_dtype]]
         self.supports_quant_query_input = False  # our kernel takes fp16 queries only
 
     forward = _rebound(_vllm.TritonAttentionImpl.forward, unified_attention=_ours)
@@ -88,11 +91,11 @@ class CaovanAttentionBackend(_vllm.TritonAttentionBackend):
     """vLLM's TRITON_ATTN backend as `CUSTOM`: fp16 or fp8 (e4m3/e5m2) KV, fp16, head dims 128/256, SM75."""
 
     supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16]
-    supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"]
+    supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto", "float16", *FP8_CACHE_DTYPES]
 
     @staticmethod
     def get_name() -> str:
-        return "CUSTOM"  # vLLM looks the layer's backend up as AttentionBackendEnum[get_name()]
+        return OUR_BACKEND  # vLLM looks the layer's backend up as AttentionBackendEnum[get_name()]
 
     @staticmethod
     def get_impl_cls() -> type[CaovanAttentionImpl]:

@@ -1,8 +1,8 @@
 """The process's attention backend: detect the family, check it, register ours as CUSTOM, say so.
 
-`install()` (from `register()`, every vLLM process) only reads settings and the installed vLLM's
-version (no vLLM import). When vLLM itself imports its backend registry, `attach` checks the
-facts (SM75), the family's sources (interface.py) and the registry's objects, then calls
+`install()` (from `register()`, every vLLM process) reads the process's one decision (no vLLM
+import). When vLLM itself imports its backend registry, `attach` follows that decision (SM75, the
+plugin's mode, tensor cores), checks the family's sources (interface.py) and the registry's objects, then calls
 `register_backend(AttentionBackendEnum.CUSTOM, <our class path>)`; vLLM imports our classes only
 if `--attention-backend CUSTOM` selects them. Anything missing: one line, nothing registered (a
 launch that asked for CUSTOM then stops in vLLM's selector, naming it). With require-turbo3 a
@@ -20,11 +20,11 @@ from types import ModuleType
 from ...config import Settings
 from ...errors import CaovanError, Turbo3Refused
 from ...policy import vllm_versions as vv
+from ...logformat import ATTENTION_PREFIX, attention_line
 from ...policy.attention import OUR_BACKEND
-from ...runtime.probe import vllm_version
 from ..context import ProcessContext
 from ..dispatch.after_import import call_after_import
-from ..dispatch.controller import installed_source
+from ..installed_vllm import installed_source
 from . import triton_attn_v024
 from .interface import AttentionInterface, check_sources
 
@@ -34,10 +34,9 @@ FAMILIES: tuple[AttentionInterface, ...] = (triton_attn_v024.INTERFACE,)
 BACKEND = OUR_BACKEND  # the AttentionBackendEnum member ours takes: --attention-backend CUSTOM
 CLASS_PATH = "caovan_vllm_sm75_turbo3.plugin.attention.backend.CaovanAttentionBackend"
 KERNEL = "caovan-paged-attention"
-LOG_PREFIX = "Caovan SM75 Turbo3 attention:"
 
 
-def family_for(version: str | None) -> AttentionInterface | None:
+def family_for(version: str | vv.Release | None) -> AttentionInterface | None:
     """The family the release table names for `version` (None: vLLM's own backends serve it)."""
     name = vv.attention_family(version)
     return next((f for f in FAMILIES if f.name == name), None)
@@ -47,7 +46,7 @@ def say(status: str, interface: str, why: str) -> str:
     """Log and return the one line: `attention_backend=<status> interface=<family> kernel=... why=...`."""
     kernel = KERNEL if status == BACKEND else "vllm-upstream"
     line = f"attention_backend={status} interface={interface} kernel={kernel} why={why}"
-    logger.info("%s %s", LOG_PREFIX, line)
+    logger.info(attention_line(line))
     return line
 
 
@@ -72,11 +71,11 @@ def registry_problems(module: ModuleType) -> list[str]:
 
 def attach(iface: AttentionInterface, ctx: ProcessContext, module: ModuleType) -> str:
     """Check and register (vLLM just imported its backend registry). Returns the line logged."""
-    settings = ctx.settings
+    decision = ctx.decision
+    settings, state = decision.settings, decision.attention
     try:
-        facts = ctx.facts
-        if not facts.sm75_count:
-            return say("upstream", iface.name, f"no SM75 GPU (sm75=0/{len(facts.gpus)})")
+        if not state.register:
+            return say("upstream", iface.name, state.reason)
         problems = list(check_sources(iface, installed_source).problems) or registry_problems(module)
         if problems:
             reason = f"vLLM does not match {iface.name}: " + "; ".join(problems)
@@ -87,12 +86,12 @@ def attach(iface: AttentionInterface, ctx: ProcessContext, module: ModuleType) -
             reason = f"{BACKEND} is taken by {enum.CUSTOM.get_path()}"
             refuse_if_required(settings, reason)
             return say("upstream", iface.name, f"not registered: {reason}")
-        turbo = ctx.turbo
-        if not turbo.tensor_cores:
+        turbo = decision.turbo
+        if not state.tensor_cores:
             refuse_if_required(settings, f"turbo={turbo.line} ({turbo.reason}): our kernel would run on CUDA cores")
         module.register_backend(enum.CUSTOM, CLASS_PATH)
-        cores = "tensor cores" if turbo.tensor_cores else f"CUDA cores (turbo={turbo.line})"
-        return say(BACKEND, iface.name, f"{facts.sm75_count} SM75 GPU(s); registered as --attention-backend "
+        cores = "tensor cores" if state.tensor_cores else f"CUDA cores (turbo={turbo.line})"
+        return say(BACKEND, iface.name, f"{decision.facts.sm75_count} SM75 GPU(s); registered as --attention-backend "
                    f"{BACKEND} (fp8/fp16 KV, our kernel on {cores}, our fp8 cache write)")
     except Turbo3Refused:
         raise
@@ -108,18 +107,17 @@ def install(env: Mapping[str, str] | None = None, ctx: ProcessContext | None = N
     `ctx` is the process's one context (register() passes it); without it one is read from `env`."""
     ctx = ctx or ProcessContext(os.environ if env is None else env)
     try:
-        settings = ctx.settings
+        decision = ctx.decision
     except CaovanError as err:
-        logger.warning("%s not registered: %s", LOG_PREFIX, err)
+        logger.warning("%s not registered: %s", ATTENTION_PREFIX, err)
         return None
-    if not settings.active or settings.mode == "guards":
+    if not decision.kernels:
         return None
-    version = vllm_version()
-    if vv.support_status(version) in ("unknown", "too-old", "too-new"):
-        say("upstream", "none", f"vLLM {version} is outside the supported releases {vv.SUPPORTED_MIN} to "
-            f"{vv.SUPPORTED_MAX_MINOR}.x")
+    if not vv.supported(decision.release):
+        say("upstream", "none", f"vLLM {decision.release.version} is outside the supported releases "
+            f"{vv.SUPPORTED_MIN} to {vv.SUPPORTED_MAX_MINOR}.x")
         return None
-    iface = family_for(version)
+    iface = family_for(decision.release)
     if iface is None:
         return None  # 0.21-0.23: vLLM's own backends serve fp8 KV on SM75
     call_after_import(iface.registry_module, functools.partial(attach, iface, ctx))

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ...kernels.attention.configs import FP8_CACHE_DTYPES
+from ...policy.attention import OUR_BACKEND
 from ..dispatch.interface import module_file
 
 # The leading parameters vLLM passes and our kernel takes (kernels/attention).
@@ -97,9 +98,9 @@ def _mentions_89(tree: ast.AST) -> bool:
 
 def _check_registry(tree: ast.Module, problems: list[str]) -> None:
     enum = _classes(tree).get("AttentionBackendEnum")
-    if enum is None or not any(isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "CUSTOM"
+    if enum is None or not any(isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == OUR_BACKEND
                                                                   for t in n.targets) for n in enum.body):
-        problems.append("AttentionBackendEnum has no CUSTOM member")
+        problems.append(f"AttentionBackendEnum has no {OUR_BACKEND} member")
     fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "register_backend"), None)
     if fn is None or [a.arg for a in fn.args.args[:2]] != ["backend", "class_path"]:
         problems.append("register_backend(backend, class_path) is missing")

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...logformat import dispatch_failed_line
+
 # `gdn_legacy=` values besides the interface family's name, which means "ours is active".
 DISABLED = "disabled-by-user"
 UPSTREAM = "upstream"
 
 UPSTREAM_KERNEL = "vllm-upstream"
-LOG_PREFIX = "Caovan SM75 Turbo3 GDN prefill:"
 
 
 @dataclass(frozen=True)
@@ -39,4 +40,4 @@ class DispatchState:
 
 def failure_line(interface: str, reason: str) -> str:
     """The exact line logged when our path is given up for this process."""
-    return f"Caovan SM75 Turbo3 dispatch failed on interface {interface}: {reason}"
+    return dispatch_failed_line(interface, reason)

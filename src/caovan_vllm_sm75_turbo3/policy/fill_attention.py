@@ -1,0 +1,57 @@
+"""The launch profile's KV cache format and attention backend: fp8 KV only where a backend serves it on SM75."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..kernels.attention.configs import FP8_CACHE_DTYPES
+from . import vllm_versions as vv
+from .attention import OUR_BACKEND, fp8_kv_on_sm75, our_backend_problem, vllm_fp8_kv_on_sm75
+from .fill_base import Filler
+from .turbo import TurboDecision
+
+KV_BYTES = dict.fromkeys(FP8_CACHE_DTYPES, 1)  # anything else: the fp16 model dtype, 2 bytes
+
+
+def fill_kv_cache_dtype(f: Filler, launch: dict[str, Any], version: str | None, turbo: TurboDecision) -> str:
+    """KV cache dtype: fp8 only where a backend serves it on SM75 (vLLM's, or ours from 0.24). Returns
+    the effective one."""
+    kv_pref = launch.get("kv_cache_dtype")
+    if kv_pref:
+        if kv_pref in KV_BYTES and not fp8_kv_on_sm75(version, turbo):
+            f.fill("--kv-cache-dtype", "auto", f"the profile asks {kv_pref}, but vLLM {version} has no attention "
+                   "backend for fp8 KV on SM75 (FlashInfer is refused below SM80 and Triton attention rejects "
+                   f"fp8 below SM89 from 0.24) and ours cannot serve it: {our_backend_problem(version, turbo)}: "
+                   "fp16 KV")
+        elif kv_pref in KV_BYTES and not vllm_fp8_kv_on_sm75(version):
+            f.fill("--kv-cache-dtype", kv_pref, f"fp8 KV halves the cache; vLLM {version} refuses it on SM75, our "
+                   f"attention backend ({OUR_BACKEND}, Turbo tensor cores) serves it")
+        else:
+            why = ("fp8 KV halves the cache; vLLM " + str(version) + " serves it on SM75"
+                   if kv_pref in KV_BYTES else "the model dtype")
+            f.fill("--kv-cache-dtype", kv_pref, why)
+    kv_given = f.user_value("--kv-cache-dtype")
+    if isinstance(kv_given, str) and kv_given in KV_BYTES and not fp8_kv_on_sm75(version, turbo):
+        f.warnings.append(f"--kv-cache-dtype {kv_given} kept as given, but vLLM {version} has no backend that "
+                          "serves fp8 KV on SM75: the start will fail")
+    if isinstance(kv_given, str):
+        return kv_given
+    return str(next((a.value for a in f.args if a.flag == "--kv-cache-dtype"), "auto"))
+
+
+def fill_attention_backend(f: Filler, launch: dict[str, Any], version: str | None, kv: str) -> None:
+    """The profile's attention backend: ours where fp8 KV rests on it, Triton where this release
+    refuses FlashInfer on SM75. `kv` is the effective KV cache dtype."""
+    backend = launch.get("attention_backend")
+    if not backend:
+        return
+    if kv in KV_BYTES and not vllm_fp8_kv_on_sm75(version):
+        f.fill("--attention-backend", OUR_BACKEND, f"fp8 KV on SM75 with vLLM {version}: our attention backend, "
+               "registered as CUSTOM (vLLM's TRITON_ATTN with our kernel and fp8 cache write)")
+    elif backend == "FLASHINFER" and not vv.has("flashinfer-on-sm75", version):
+        f.fill("--attention-backend", "TRITON_ATTN", f"the profile asks FLASHINFER, refused below SM80 in "
+               f"vLLM {version}: Triton attention, the backend left on SM75")
+    else:
+        f.fill("--attention-backend", backend, "FlashInfer runs on SM75 up to vLLM 0.23 (FLASH_ATTN needs SM80); "
+               "named so a broken FlashInfer fails at start instead of switching silently"
+               if backend == "FLASHINFER" else "the profile's attention backend")

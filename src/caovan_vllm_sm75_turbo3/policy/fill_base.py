@@ -1,0 +1,76 @@
+"""What a launch profile's filling collects: the arguments it adds, its lines and warnings (one pass)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from .memory_plan import MemoryPlan
+from .profiles import Setup
+from .vllm_args import LaunchNumbers, VllmArgs
+
+COMPILATION = "--compilation-config"
+
+
+@dataclass(frozen=True)
+class ProfileArg:
+    """One vLLM argument to add (value None: a flag without a value) and why."""
+
+    flag: str
+    value: str | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class LaunchFill:
+    """What the profile step decided."""
+
+    profile: str | None            # the profile's name, "conservative", or None (none/off)
+    args: tuple[ProfileArg, ...] = ()
+    lines: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+    memory: MemoryPlan | None = None
+    setup: Setup | None = None
+
+
+class Filler:
+    """Collects filled arguments, kept notes and lines for one decision pass."""
+
+    def __init__(self, args: VllmArgs, numbers: LaunchNumbers) -> None:
+        self.user = args
+        self.numbers = numbers  # the user's numeric arguments, checked: the only ones used
+        self.args: list[ProfileArg] = []
+        self.lines: list[str] = []
+        self.warnings: list[str] = []
+
+    def given(self, flag: str) -> bool:
+        # `--compilation-config.mode 3`, `-O3` and `-O.mode` count as giving the compilation config.
+        if self.user.given(flag):
+            return True
+        if any(k.startswith(flag + ".") for k in self.user.flags):
+            return True
+        return flag == COMPILATION and any(k.startswith("-O") for k in self.user.flags)
+
+    def user_value(self, flag: str) -> str | bool | None:
+        return self.user.value(flag)
+
+    def shown(self, flag: str) -> str:
+        """The user's value of `flag` as they gave it, for a `kept:` line."""
+        got = self.user_value(flag)
+        if got is not None:
+            return "on" if got is True else "off" if got is False else str(got)
+        forms = [f"{k} {v}" if isinstance(v, str) else k for k, v in self.user.flags.items()
+                 if k.startswith(flag + ".") or (flag == COMPILATION and k.startswith("-O"))]
+        return ", ".join(forms) or "given"
+
+    def kept(self, flag: str, note: str) -> None:
+        self.lines.append(f"kept: {flag} {self.shown(flag)} as given ({note})")
+
+    def fill(self, flag: str, value: Any, reason: str) -> None:
+        """Add `flag value` unless the user gave the flag; then say it is kept."""
+        text = None if value is None else (value if isinstance(value, str) else json.dumps(value, separators=(",", ":")))
+        if self.given(flag):
+            self.kept(flag, "the profile would use " + ("the flag" if text is None else text))
+            return
+        self.args.append(ProfileArg(flag, text, reason))

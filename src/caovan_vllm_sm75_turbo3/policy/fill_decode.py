@@ -1,0 +1,85 @@
+"""The launch profile's decode settings: speculative decoding (MTP) and CUDA graphs to go with it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .. import safe_json
+from ..runtime.model import ModelFacts, ModelShape
+from .fill_base import COMPILATION, Filler
+from .profiles import Family, Profile
+
+MAX_CAPTURE_TOKENS = 512
+
+
+def capture_sizes(max_num_seqs: int, draft_tokens: int) -> list[int]:
+    """CUDA graph sizes for decode with speculation: each sequence verifies 1 + draft tokens; at
+    most MAX_CAPTURE_TOKENS tokens (and at least one size)."""
+    step = 1 + draft_tokens
+    return [step * s for s in range(1, max(1, min(max_num_seqs, MAX_CAPTURE_TOKENS // step)) + 1)]
+
+
+def _draft_count(n: object) -> int | None:
+    """A draft-token count as given (an int or its text), None when it is not one."""
+    if isinstance(n, str) and n.strip().isdigit():
+        n = int(n)
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else None
+
+
+def _user_speculative(f: Filler) -> int | None:
+    """Draft tokens in the user's own --speculative-config (None: not given or unreadable)."""
+    raw = f.user_value("--speculative-config")
+    if isinstance(raw, str):
+        try:
+            cfg = safe_json.loads(raw)  # bounded nesting: a hostile value cannot recurse
+        except safe_json.BadJson:
+            return None
+        return _draft_count(cfg.get("num_speculative_tokens") if isinstance(cfg, dict) else None)
+    return _draft_count(f.user_value("--speculative-config.num_speculative_tokens"))
+
+
+def fill_speculative(f: Filler, profile: Profile, shape: ModelShape, model: ModelFacts,
+                      family: Family | None) -> int:
+    """Speculative decoding: MTP only with MTP weights in the checkpoint. Returns the draft tokens."""
+    draft = _user_speculative(f)
+    if draft is None and f.given("--speculative-config"):
+        f.lines.append("kept: --speculative-config as given (draft tokens unreadable, the memory plan assumes none)")
+        return 0
+    if draft is not None:
+        f.lines.append(f"kept: --speculative-config as given ({draft} draft tokens)")
+        return draft
+    want = profile.launch.get("speculative_tokens", 0)
+    if not want:
+        return 0
+    method = family.speculative_method if family else None
+    if not model.has_mtp_weights:
+        declared = f"the config declares {shape.mtp_layers} MTP layer(s) but " if shape.mtp_layers else ""
+        f.lines.append(f"speculative: none: {declared}the checkpoint has no MTP weights (mtp.*)")
+        return 0
+    if not method:
+        f.lines.append(f"speculative: none: no MTP method known for {shape.architecture}")
+        return 0
+    f.fill("--speculative-config", {"method": method, "num_speculative_tokens": want},
+           f"the checkpoint has {model.mtp_weights} MTP weights; {want} draft tokens were the fastest count "
+           f"(profile {profile.name}: speeds in its source)")
+    return want
+
+
+def fill_cuda_graphs(f: Filler, launch: dict[str, Any], shape: ModelShape, draft: int, seqs: int) -> None:
+    """CUDA graphs: PIECEWISE with MTP on hybrid models, sized for `seqs` x (1 + `draft`) tokens."""
+    if not (draft and shape.is_hybrid):
+        return
+    if f.user_value("--enforce-eager") is True:
+        f.lines.append("cuda graphs: none (--enforce-eager given), so no compilation config is filled")
+        return
+    mode = launch.get("cudagraph_mode", "PIECEWISE")
+    if f.given(COMPILATION):
+        raw = json.dumps(f.user.flags.get(COMPILATION, "")) + " ".join(
+            f"{k} {v}" for k, v in f.user.flags.items() if k.startswith(COMPILATION + "."))
+        if "FULL" in raw.upper():
+            f.warnings.append("your compilation config asks FULL CUDA graphs with MTP on a hybrid GDN model: "
+                              "that corrupts output; use cudagraph_mode PIECEWISE")
+    f.fill(COMPILATION, {"cudagraph_mode": mode, "cudagraph_capture_sizes": capture_sizes(seqs, draft)},
+           f"FULL CUDA graphs with MTP corrupt output on hybrid GDN models: {mode}, graphs for "
+           f"{seqs} sequence(s) x (1 + {draft}) tokens")
