@@ -131,14 +131,12 @@ def release(version: str | Release | None) -> Release:
     """`version` parsed against the table (a Release is returned as it is)."""
     if isinstance(version, Release):
         return version
-    try:
-        key = minor_key(version or "")
-    except ValueError:
-        key = None
+    v = parse(version)   # the one parse of this version
+    key = (v.release[0], v.release[1]) if v is not None and len(v.release) >= 2 else None
     held = frozenset() if key is None else frozenset(
         name for name, (since, until) in _BOUNDS.items()
         if (since is None or key >= since) and (until is None or key <= until))
-    return Release(version, key, _status(version), held)
+    return Release(version, key, _status(v), held)
 
 
 def has(feature: str, version: str | Release | None) -> bool | None:
@@ -153,7 +151,7 @@ def feature(name: str) -> ReleaseFeature:
 
 def support_status(version: str | Release | None) -> str:
     """'reference', 'tested', 'supported-untested', 'too-old', 'too-new' or 'unknown'."""
-    return version.status if isinstance(version, Release) else _status(version)
+    return version.status if isinstance(version, Release) else _status(parse(version))
 
 
 def supported(version: str | Release | None) -> bool:
@@ -161,13 +159,16 @@ def supported(version: str | Release | None) -> bool:
     return support_status(version) not in ("unknown", "too-old", "too-new")
 
 
-def _status(version: str | None) -> str:
-    v = parse(version)
+_SUPPORTED_MIN = Version(SUPPORTED_MIN)
+_SUPPORTED_MAX = minor_key(SUPPORTED_MAX_MINOR)
+
+
+def _status(v: Version | None) -> str:
     if v is None:
         return "unknown"
-    if v < Version(SUPPORTED_MIN):
+    if v < _SUPPORTED_MIN:
         return "too-old"
-    if (v.major, v.minor) > minor_key(SUPPORTED_MAX_MINOR):
+    if (v.major, v.minor) > _SUPPORTED_MAX:
         return "too-new"
     if v.base_version == REFERENCE:
         return "reference"
