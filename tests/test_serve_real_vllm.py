@@ -314,10 +314,12 @@ def test_settings_in_a_config_yaml_reach_the_banner_and_every_process(lane):
 LLM_SCRIPT = """
 import sys
 from vllm import LLM, SamplingParams
-llm = LLM(model=sys.argv[1], load_format="dummy", dtype="bfloat16", max_model_len={context},
-          mamba_ssm_cache_dtype="float32", additional_config={{"caovan_mode": "guards"}})
-out = llm.generate(["a prompt of a few words"], SamplingParams(max_tokens=2, ignore_eos=True))
-print("GENERATED", len(out[0].outputs[0].token_ids), flush=True)
+
+if __name__ == "__main__":   # vLLM spawns its engine core: the script must be importable without running
+    llm = LLM(model=sys.argv[1], load_format="dummy", dtype="bfloat16", max_model_len={context},
+              mamba_ssm_cache_dtype="float32", additional_config={{"caovan_mode": "guards"}})
+    out = llm.generate(["a prompt of a few words"], SamplingParams(max_tokens=2, ignore_eos=True))
+    print("GENERATED", len(out[0].outputs[0].token_ids), flush=True)
 """
 
 

@@ -22,6 +22,8 @@ from .policy.decision import Decision, decide
 from .policy.guards import CacheState
 from .policy.fill_base import LaunchFill
 from .policy.launch_fill import fill_launch
+from .policy.multinode import plan_nodes
+from .policy.node import HEAD_VAR, NodeSummary, summarise
 from .policy.plan import FilledArg, Plan, make_plan
 from .policy.profiles import load_table
 from .policy.vllm_args import LaunchNumbers, VllmArgs, check_launch_args, read_vllm_args
@@ -29,6 +31,7 @@ from .runtime import flashinfer_probe as fp
 from .runtime.config_file import expand_config_file
 from .runtime.facts import Facts
 from .runtime.model import ModelFacts, model_shape, read_model
+from .runtime.node import node_name
 from .runtime.probe import load_facts
 
 # Set in the environment vLLM's processes inherit once the guards are applied, so that
@@ -53,6 +56,13 @@ class Prepared:
     @property
     def facts(self) -> Facts:
         return self.decision.facts
+
+
+def spans_nodes(args: VllmArgs) -> bool:
+    """Whether the launch spans several machines: --nnodes > 1 or vLLM's Ray executor."""
+    nnodes = args.value("--nnodes")
+    return args.value("--distributed-executor-backend") == "ray" or (
+        isinstance(nnodes, str) and nnodes.strip().isdigit() and int(nnodes) > 1)
 
 
 def read_args(argv: Sequence[str]) -> VllmArgs:
@@ -106,10 +116,20 @@ def plan_launch(env: Mapping[str, str], args: VllmArgs, cli: Mapping[str, Any] |
     if fill and not args.given("--kv-cache-dtype"):
         decision = decision.with_kv_cache_dtype(next((f.value for f in filled if f.flag == "--kv-cache-dtype"), None))
 
+    nodes = plan_nodes(args, checked.numbers, len(facts.gpus)) if checked and not refused else None
+    refused = refused or (nodes.refusal if nodes else None)
+
     def planned(probe: fp.SamplerProbe | None = None) -> Plan:
-        return _refused(_with_fill(make_plan(decision, env, args, state, probe, filled_args=filled), fill), refused)
+        plan = _with_fill(make_plan(decision, env, args, state, probe, filled_args=filled), fill)
+        if nodes is not None:
+            plan = replace(plan, nodes=nodes, notes=(*plan.notes, *nodes.lines()))
+        return _refused(plan, refused)
 
     plan = planned()
+    if spans_nodes(args):   # each node of a multi-node launch names itself in its banner
+        here = summarise(node_name(), facts, keydir.key.name if keydir else None, str(keydir.path) if keydir else None,
+                         plan.env_updates())
+        plan = replace(plan, notes=(*plan.notes, here.line()))
     write = write and refused is None
     if plan.status.get("flashinfer_sampler") != "probe-pending":
         if write and keydir and plan.stop_reason() is None:
@@ -160,16 +180,26 @@ def _with_fill(plan: Plan, fill: LaunchFill | None) -> Plan:
     """The plan with the profile's arithmetic and decisions as notes, and its warnings."""
     if fill is None:
         return plan
-    failures = fill.memory.warnings if fill.memory is not None and fill.memory.fits is False else ()
+    failures = (*fill.failures, *(fill.memory.warnings if fill.memory is not None and fill.memory.fits is False else ()))
     return replace(plan, notes=(*plan.notes, *fill.lines), warnings=(*plan.warnings, *fill.warnings),
                    failures=(*plan.failures, *failures))
 
 
-def apply_env(plan: Plan, environ: MutableMapping[str, str], applied_by: str) -> None:
+def head_summary(prepared: Prepared, node: str) -> NodeSummary:
+    """The summary of this (first) process's plan that every other node checks itself against."""
+    plan, keydir = prepared.plan, prepared.keydir
+    return summarise(node, prepared.facts, keydir.key.name if keydir else None, str(keydir.path) if keydir else None,
+                     plan.env_updates())
+
+
+def apply_env(plan: Plan, environ: MutableMapping[str, str], applied_by: str, head: NodeSummary | None = None) -> None:
     """Set the plan's variables (never one the user set) and the mark children recognise; the mark
-    says when nothing was set, so that no child claims guards it does not have."""
+    says when nothing was set, so that no child claims guards it does not have. `head`: this plan's
+    summary, for the workers of other nodes (Ray copies it to them with the rest of the environment)."""
     updates = plan.env_updates()
     environ.update(updates)
+    if head is not None:
+        environ[HEAD_VAR] = head.to_json()
     if updates:
         environ[APPLIED_MARK] = applied_by
     else:

@@ -39,6 +39,14 @@ def worker_line(version: str, mark: str, pid: int) -> str:
     return f"{PRODUCT} v{version}: guards from {who} apply in this process (pid {pid})"
 
 
+NODE_LINE = re.compile(rf"^{PRODUCT} (?P<state>node .+)$")
+
+
+def node_line(check: str) -> str:
+    """A Ray worker's line on its node (policy/node.py): `node <name>: GPUs ..., sm75=..., key=..., ...`."""
+    return f"{PRODUCT} {check}"
+
+
 def disabled_line(enable: bool, mode: str) -> str:
     """The first process's line when settings switch the plugin off."""
     return f"{PRODUCT}: disabled by settings (enable={enable}, mode={mode})"

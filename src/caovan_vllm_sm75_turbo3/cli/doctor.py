@@ -15,6 +15,7 @@ from ..policy.checks import CheckResult, Status, rollup, run_checks, sm75_line
 from ..runtime.facts import Facts
 from ..runtime.model import ModelFacts, read_model
 from ..runtime.probe import load_facts
+from ..runtime.ray_cluster import RayCluster, read_cluster
 from ..textsafe import redact_tree, safe
 from .common import json_text, OneLineParser, print_json, run_cli
 
@@ -36,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log", metavar="FILE",
                    help="instead of the machine report, explain a vLLM server log (- reads standard input): "
                         "the first real failure, its likely cause and the fix")
+    p.add_argument("--ray", metavar="ADDRESS", nargs="?", const="auto",
+                   help="also list the nodes of a running Ray cluster (default address: auto, the cluster this "
+                        "machine is part of); connects, starts nothing")
     p.add_argument("--settings", action="store_true",
                    help="also show every CAOVAN_* setting with its value and where it came from")
     p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
@@ -112,11 +116,33 @@ def main(argv: Sequence[str]) -> int:
     facts = load_facts(settings.facts)
     model = read_model(args.model) if args.model else None
     results = run_checks(facts, model)
+    cluster = read_cluster(args.ray) if args.ray else None
     if args.json:
-        print_json(report(facts, results, settings, args.settings, model))
+        out = report(facts, results, settings, args.settings, model)
+        if cluster is not None:
+            out["ray"] = cluster.to_dict()
+        print_json(out)
     else:
         print_text(facts, results, settings, args.settings, model)
+        if cluster is not None:
+            print("\n".join(ray_lines(cluster)))
     return rollup(results).exit_code
+
+
+def ray_lines(cluster: RayCluster) -> list[str]:
+    """The Ray cluster's nodes, one line each (`ray:` first)."""
+    if cluster.error:
+        return [safe(f"ray: {cluster.error}")]
+    alive = [n for n in cluster.nodes if n.alive]
+    lines = [f"ray: {len(alive)} of {len(cluster.nodes)} node(s) alive at {safe(cluster.address)}"]
+    for n in cluster.nodes:
+        gpus = f"{n.gpus:g} GPU(s)" + (f" ({safe(n.accelerator)})" if n.accelerator else "")
+        lines.append(f"ray: node {safe(n.node_id[:8])} {safe(n.address)} {'alive' if n.alive else 'dead'}, "
+                     f"{gpus}, {n.cpus:g} CPU(s)")
+    if len({(n.gpus, n.accelerator) for n in alive}) > 1:
+        lines.append("ray: the nodes differ in GPUs: each node's workers check themselves against the head at "
+                     "start (one line each in vLLM's log); tensor parallel across different GPUs runs at the slowest")
+    return lines
 
 
 def triage_log(args: argparse.Namespace) -> int:

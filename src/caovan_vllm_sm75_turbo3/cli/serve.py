@@ -18,11 +18,12 @@ from pathlib import Path
 from .. import __version__
 from ..caches.layout import hold_in_use
 from ..errors import CaovanError
-from ..launch import Prepared, apply_env, plan_launch, read_args
+from ..launch import Prepared, apply_env, head_summary, plan_launch, read_args
 from ..policy.banner import banner_lines
 from ..policy.plan import Plan
 from ..policy.vllm_args import canonical
 from ..textsafe import redact_argv, safe
+from ..runtime.node import node_name
 from .common import OneLineParser, print_json, run_cli
 
 PROG = "caovan-vllm-serve"
@@ -176,7 +177,7 @@ def main(argv: Sequence[str]) -> int:
     if plan.active:
         if prepared.keydir:
             hold_in_use(prepared.keydir)  # the fd survives exec: the cleaner sees this server
-        apply_env(plan, env, f"{PROG} (pid {os.getpid()})")
+        apply_env(plan, env, f"{PROG} (pid {os.getpid()})", head_summary(prepared, node_name()))
     sys.stdout.flush()
     sys.stderr.flush()
     try:

@@ -14,13 +14,15 @@ from pathlib import Path
 
 from ..caches.layout import hold_in_use
 from ..errors import Turbo3Refused
-from ..launch import APPLIED_MARK, apply_env, plan_launch
+from ..launch import APPLIED_MARK, apply_env, head_summary, plan_launch
 from ..logformat import disabled_line, not_applied_line
 from ..policy.banner import banner_lines, worker_line
 from ..policy.plan import Plan
 from .attention import install as install_attention
 from .context import ProcessContext
+from ..runtime.node import node_name, ray_worker_node
 from .dispatch import install as install_gdn_dispatch
+from .node_check import plan_this_node, read_head
 from .turbo import install_turbo
 
 logger = logging.getLogger("caovan_vllm_sm75_turbo3")
@@ -77,7 +79,7 @@ def apply_guards(ctx: ProcessContext | None = None) -> Plan | None:
     """
     mark = os.environ.get(APPLIED_MARK)
     if mark:
-        logger.info(worker_line(mark, os.getpid()))
+        _later_process(mark, ctx)
         return None
     try:
         ctx = ctx or ProcessContext.of_this_process()
@@ -95,8 +97,24 @@ def apply_guards(ctx: ProcessContext | None = None) -> Plan | None:
     logger.info("\n".join(banner_lines(plan)))
     if plan.refusal:
         raise Turbo3Refused(plan.refusal)
-    apply_env(plan, os.environ, f"vLLM process pid {os.getpid()}")
+    apply_env(plan, os.environ, f"vLLM process pid {os.getpid()}", head_summary(prepared, node_name()))
     return plan
+
+
+def _later_process(mark: str, ctx: ProcessContext | None) -> None:
+    """A process after the first: one short line, or, in a Ray worker of a launch whose head left its
+    plan, this node's own plan and check (plugin/node_check.py). Raises only for require-turbo3."""
+    ray_node = ray_worker_node()
+    head = read_head(os.environ) if ray_node else None
+    if head is None:
+        logger.info(worker_line(mark, os.getpid()))
+        return
+    try:
+        plan_this_node(ctx or ProcessContext.of_this_process(), head, ray_node, os.environ, _initial_environ())
+    except Turbo3Refused:
+        raise
+    except Exception as err:  # a plugin must not take vLLM down
+        logger.warning(not_applied_line(os.getpid(), f"checking this node against the head failed: {err}"))
 
 
 def register() -> None:

@@ -32,6 +32,7 @@ class LaunchFill:
     warnings: tuple[str, ...] = ()
     memory: MemoryPlan | None = None
     setup: Setup | None = None
+    failures: tuple[str, ...] = ()   # what says vLLM will not start (an upstream bug this launch meets)
 
 
 class Filler:
@@ -43,6 +44,7 @@ class Filler:
         self.args: list[ProfileArg] = []
         self.lines: list[str] = []
         self.warnings: list[str] = []
+        self.failures: list[str] = []
 
     def given(self, flag: str) -> bool:
         # `--compilation-config.mode 3`, `-O3` and `-O.mode` count as giving the compilation config.

@@ -9,6 +9,7 @@ from .. import safe_json
 from ..runtime.model import ModelFacts, ModelShape
 from .fill_base import COMPILATION, Filler
 from .profiles import Family, Profile
+from .upstream_bugs import bugs_for
 
 MAX_CAPTURE_TOKENS = 512
 
@@ -40,8 +41,9 @@ def _user_speculative(f: Filler) -> int | None:
 
 
 def fill_speculative(f: Filler, profile: Profile, shape: ModelShape, model: ModelFacts,
-                      family: Family | None) -> int:
-    """Speculative decoding: MTP only with MTP weights in the checkpoint. Returns the draft tokens."""
+                      family: Family | None, version: str | None = None) -> int:
+    """Speculative decoding: MTP only with MTP weights in the checkpoint, and not where this release
+    refuses it with pipeline parallel (data/upstream_bugs.json). Returns the draft tokens."""
     draft = _user_speculative(f)
     if draft is None and f.given("--speculative-config"):
         f.lines.append("kept: --speculative-config as given (draft tokens unreadable, the memory plan assumes none)")
@@ -53,6 +55,13 @@ def fill_speculative(f: Filler, profile: Profile, shape: ModelShape, model: Mode
     if not want:
         return 0
     method = family.speculative_method if family else None
+    pp = f.numbers.pipeline_parallel_size or 1
+    refused = [b for b in bugs_for(version, speculative=True, pipeline_parallel=pp > 1, hybrid_gdn=shape.is_hybrid)
+               if b.fatal]
+    if refused:
+        f.lines.append(f"speculative: none: MTP with --pipeline-parallel-size {pp} does not start on vLLM {version} "
+                       f"(upstream bug {refused[0].id}); decode runs without it")
+        return 0
     if not model.has_mtp_weights:
         declared = f"the config declares {shape.mtp_layers} MTP layer(s) but " if shape.mtp_layers else ""
         f.lines.append(f"speculative: none: {declared}the checkpoint has no MTP weights (mtp.*)")

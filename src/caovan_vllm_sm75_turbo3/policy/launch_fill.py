@@ -102,12 +102,13 @@ def fill_launch(facts: Facts, model: ModelFacts | None, profile_setting: str, ar
     turbo = turbo or decide_turbo(facts, Settings(), facts.versions.triton)
     kv = fill_kv_cache_dtype(f, launch, version, turbo)
     fill_attention_backend(f, launch, version, kv)
-    draft = fill_speculative(f, profile, shape, model, table.families.get(setup.family or ""))
+    draft = fill_speculative(f, profile, shape, model, table.families.get(setup.family or ""), version)
     util = _fill_gpu_memory_utilization(f, launch, profile.name, planned)
     inputs = None if setup.gpu_memory_mib is None else MemoryInputs(
         gpu_memory_mib=setup.gpu_memory_mib, tensor_parallel=tp, gpu_memory_utilization=util,
         weights_bytes=model.size_bytes, headroom_mib=launch.get("headroom_mib", 2048),
-        kv_cache_bytes=KV_BYTES.get(kv, 2), speculative_tokens=draft, mtp_layers=shape.mtp_layers if draft else 0)
+        kv_cache_bytes=KV_BYTES.get(kv, 2), speculative_tokens=draft, mtp_layers=shape.mtp_layers if draft else 0,
+        pipeline_parallel=f.numbers.pipeline_parallel_size or 1)
     memory, seqs = _fill_memory(f, launch, shape, inputs)
     _fill_batched_tokens(f, launch, profile.name)
     prefix_on = _fill_prefix_caching(f, launch, shape, version)
@@ -115,7 +116,7 @@ def fill_launch(facts: Facts, model: ModelFacts | None, profile_setting: str, ar
     fill_cuda_graphs(f, launch, shape, draft, seqs)
     _fill_all_reduce(f, launch, tp, profile.name)
     _fill_extra_args(f, launch, profile.name)
-    return LaunchFill(profile.name, tuple(f.args), tuple(f.lines), tuple(f.warnings), memory, setup)
+    return LaunchFill(profile.name, tuple(f.args), tuple(f.lines), tuple(f.warnings), memory, setup, tuple(f.failures))
 
 
 def _choose_profile(f: Filler, table: ProfileTable, setup: Setup, setting: str) -> Profile:
@@ -268,8 +269,10 @@ def _fill_prefix_caching(f: Filler, launch: dict[str, Any], shape: ModelShape, v
 def _warn_upstream_bugs(f: Filler, shape: ModelShape, draft: int, prefix_on: bool, version: str | None) -> None:
     """The upstream bugs this launch meets (data/upstream_bugs.json): MTP is kept for its speed (the
     field report's 100 against 45 tok/s), and each bug is a warning with its sources and a check."""
-    for bug in bugs_for(version, speculative=bool(draft), prefix_caching=prefix_on, hybrid_gdn=shape.is_hybrid):
-        f.warnings.append(bug.warning(version))
+    pp = (f.numbers.pipeline_parallel_size or 1) > 1
+    for bug in bugs_for(version, speculative=bool(draft), prefix_caching=prefix_on, hybrid_gdn=shape.is_hybrid,
+                        pipeline_parallel=pp):
+        (f.failures if bug.fatal else f.warnings).append(bug.warning(version))
 
 
 def _fill_all_reduce(f: Filler, launch: dict[str, Any], tp: int, profile: str) -> None:

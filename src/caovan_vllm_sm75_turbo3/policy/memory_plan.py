@@ -38,6 +38,7 @@ class MemoryInputs:
     seqs_given: bool = False
     max_model_len: int | None = None  # the user's value, kept as given
     max_model_len_cap: int | None = None  # upper bound for a filled value (model limit, profile cap)
+    pipeline_parallel: int = 1      # stages: each GPU holds its stage's layers (the largest stage is planned)
 
 
 @dataclass(frozen=True)
@@ -59,15 +60,20 @@ def kv_heads_per_gpu(shape: ModelShape, tp: int) -> int:
     return max(1, (shape.num_kv_heads or 0) // tp)
 
 
-def kv_bytes_per_token(shape: ModelShape, tp: int, elem_bytes: int, mtp_layers: int = 0) -> int:
-    """KV cache bytes per token on one GPU: full-attention layers (plus MTP layers while
-    drafting) x K and V x KV heads per GPU x head dim x element size. Linear-attention layers
-    hold no per-token cache."""
-    layers = shape.full_attention_layers + mtp_layers
+def stage_layers(layers: int, pp: int) -> int:
+    """Layers of the largest pipeline stage (vLLM splits them evenly, the remainder to some stages)."""
+    return -(-layers // max(pp, 1))
+
+
+def kv_bytes_per_token(shape: ModelShape, tp: int, elem_bytes: int, mtp_layers: int = 0, pp: int = 1) -> int:
+    """KV cache bytes per token on one GPU: full-attention layers of its stage (plus MTP layers
+    while drafting, on the last stage) x K and V x KV heads per GPU x head dim x element size.
+    Linear-attention layers hold no per-token cache."""
+    layers = stage_layers(shape.full_attention_layers, pp) + mtp_layers
     return layers * 2 * kv_heads_per_gpu(shape, tp) * (shape.head_dim or 0) * elem_bytes
 
 
-def gdn_state_bytes_per_seq(shape: ModelShape, tp: int, conv_bytes: int = 2, slots: int = 1) -> int:
+def gdn_state_bytes_per_seq(shape: ModelShape, tp: int, conv_bytes: int = 2, slots: int = 1, pp: int = 1) -> int:
     """Gated DeltaNet state per sequence on one GPU, for `slots` copies (speculative decoding
     keeps one per draft position): per linear-attention layer, the recurrent state
     (value heads / TP x key dim x value dim, in mamba_ssm_dtype, fp32 by default) and the
@@ -77,7 +83,7 @@ def gdn_state_bytes_per_seq(shape: ModelShape, tp: int, conv_bytes: int = 2, slo
     v_heads = (shape.linear_num_value_heads or 0) // tp
     recurrent = v_heads * (shape.linear_key_head_dim or 0) * (shape.linear_value_head_dim or 0) * shape.ssm_state_bytes
     conv = ((shape.linear_conv_dim or 0) // tp) * max(0, (shape.linear_conv_kernel_dim or 1) - 1) * conv_bytes
-    return shape.linear_attention_layers * (recurrent + conv) * slots
+    return stage_layers(shape.linear_attention_layers, pp) * (recurrent + conv) * slots
 
 
 def _mib(n: float) -> str:
@@ -100,17 +106,19 @@ class _Sizes:
 def _sizes(shape: ModelShape, m: MemoryInputs) -> _Sizes:
     """KV bytes per token and GDN state bytes per sequence on one GPU for these inputs."""
     slots = 1 + m.speculative_tokens
-    kv = kv_bytes_per_token(shape, m.tensor_parallel, m.kv_cache_bytes, m.mtp_layers if m.speculative_tokens else 0)
-    return _Sizes(kv, gdn_state_bytes_per_seq(shape, m.tensor_parallel, m.state_conv_bytes, slots), slots)
+    pp = m.pipeline_parallel
+    kv = kv_bytes_per_token(shape, m.tensor_parallel, m.kv_cache_bytes, m.mtp_layers if m.speculative_tokens else 0, pp)
+    return _Sizes(kv, gdn_state_bytes_per_seq(shape, m.tensor_parallel, m.state_conv_bytes, slots, pp), slots)
 
 
 def _free_lines(m: MemoryInputs, budget: float, weights_bytes: int) -> tuple[float, float, list[str]]:
     """The weights per GPU, what is left for KV cache and state, and the lines that show it."""
-    tp = m.tensor_parallel
-    weights = weights_bytes / tp
+    tp, pp = m.tensor_parallel, m.pipeline_parallel
+    weights = weights_bytes / (tp * pp)
     free = budget - weights - m.headroom_mib * MIB
+    split = f"TP {tp}" + (f" x PP {pp} (the first and last stage also hold the embedding and LM head)" if pp > 1 else "")
     return weights, free, [
-        f"memory: weights {weights_bytes:,} B / TP {tp} = {_mib(weights)} per GPU",
+        f"memory: weights {weights_bytes:,} B / {split} = {_mib(weights)} per GPU",
         f"memory: headroom {m.headroom_mib:,} MiB per GPU (activations, CUDA graphs, sampler)",
         f"memory: free for KV cache and state = {_mib(budget)} - {_mib(weights)} - "
         f"{m.headroom_mib:,} MiB = {_mib(free)} per GPU"]
@@ -120,7 +128,9 @@ def _size_lines(shape: ModelShape, m: MemoryInputs, z: _Sizes) -> list[str]:
     """The KV-per-token line and, on hybrid models, the GDN-state-per-sequence line."""
     tp = m.tensor_parallel
     mtp_kv = m.mtp_layers if m.speculative_tokens else 0
-    layers_txt = f"{shape.full_attention_layers} full-attention layers" + (
+    pp = m.pipeline_parallel
+    stage = f" of the largest of {pp} stages" if pp > 1 else ""
+    layers_txt = f"{stage_layers(shape.full_attention_layers, pp)} full-attention layers{stage}" + (
         f" + {mtp_kv} MTP layer{'s' if mtp_kv > 1 else ''}" if mtp_kv else "")
     lines = [f"memory: KV per token per GPU = {layers_txt} x 2 (K, V) x "
              f"{kv_heads_per_gpu(shape, tp)} KV heads x {shape.head_dim} head dim x "
@@ -129,7 +139,8 @@ def _size_lines(shape: ModelShape, m: MemoryInputs, z: _Sizes) -> list[str]:
         v_heads = (shape.linear_num_value_heads or 0) // tp
         conv_ch = (shape.linear_conv_dim or 0) // tp
         lines.append(
-            f"memory: GDN state per sequence per GPU = {shape.linear_attention_layers} linear-attention layers x "
+            f"memory: GDN state per sequence per GPU = {stage_layers(shape.linear_attention_layers, pp)} "
+            f"linear-attention layers{stage} x "
             f"({v_heads} value heads x {shape.linear_key_head_dim} x {shape.linear_value_head_dim} x "
             f"{shape.ssm_state_bytes} B + conv {conv_ch} x {max(0, (shape.linear_conv_kernel_dim or 1) - 1)} x "
             f"{m.state_conv_bytes} B) x {z.slots} slot{'s' if z.slots > 1 else ''}"

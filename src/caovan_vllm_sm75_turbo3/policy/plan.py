@@ -19,6 +19,7 @@ from .accel import Turbo3
 from .checks import CheckResult, Status, rollup, run_checks, sm75_line
 from .guards import CacheState, EnvChange, GuardResult, arch_guard, cache_guard, sampler_guard, timeout_guard
 from .decision import Decision
+from .multinode import NodesPlan
 from .vllm_args import VllmArgs
 
 POST_START_WARMUP = "disabled-default"  # never warm up from inside the server: it raced the first compile
@@ -54,6 +55,7 @@ class Plan:
     notes: tuple[str, ...] = field(default=())
     sm75_gpus: int = 0              # visible SM75 GPUs: without one, nothing of ours applies
     failures: tuple[str, ...] = ()  # what says vLLM will fail to start (the memory arithmetic); a warning each
+    nodes: NodesPlan | None = None  # a launch over several machines: each node's commands
 
 
     @property
@@ -92,6 +94,7 @@ class Plan:
             "filled_args": [{"flag": f.flag, "value": f.value, "reason": f.reason} for f in self.filled_args],
             "warnings": list(self.warnings), "notes": list(self.notes), "failures": list(self.failures),
             "cache": self.cache.to_dict() if self.cache else None,
+            "nodes": self.nodes.to_dict() if self.nodes else None,
             "sampler_probe": self.sampler_probe.to_dict() if self.sampler_probe else None,
             "checks": [c.to_dict() for c in self.checks]}
 

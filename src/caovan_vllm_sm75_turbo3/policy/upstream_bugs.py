@@ -35,6 +35,7 @@ class UpstreamBug:
     effect: str
     sources: tuple[str, ...]
     check: str
+    fatal: bool = False    # the launch does not start at all (the plan says vLLM is expected to fail)
 
     def reported_on(self, version: str | None) -> bool:
         """Whether `version` is within the reported releases (unknown versions count: warn rather than not)."""
@@ -58,9 +59,10 @@ def load_bugs() -> tuple[UpstreamBug, ...]:
     data = json.loads(resources.files("caovan_vllm_sm75_turbo3").joinpath("data", "upstream_bugs.json").read_text())
     return tuple(UpstreamBug(b["id"], dict(b["when"]), b["reported"], b["in_source"],
                              tuple(SourceMarker(**m) for m in b["markers"]), b["effect"], tuple(b["sources"]),
-                             b["check"]) for b in data["bugs"])
+                             b["check"], bool(b.get("fatal", False))) for b in data["bugs"])
 
 
 def bugs_for(version: str | None, **launch: bool) -> list[UpstreamBug]:
-    """The bugs whose every condition holds for this launch (speculative, prefix_caching, hybrid_gdn) on `version`."""
-    return [b for b in load_bugs() if b.reported_on(version) and all(launch.get(k) == v for k, v in b.when.items())]
+    """The bugs whose every condition holds for this launch (speculative, prefix_caching, hybrid_gdn,
+    pipeline_parallel; a condition not given is false) on `version`."""
+    return [b for b in load_bugs() if b.reported_on(version) and all(launch.get(k, False) == v for k, v in b.when.items())]

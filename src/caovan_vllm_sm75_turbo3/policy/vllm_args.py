@@ -293,10 +293,12 @@ def check_launch_args(args: VllmArgs, visible_gpus: int) -> CheckedArgs:
                 values[rule.flag[2:].replace("-", "_")] = value  # type: ignore[assignment]
     numbers = LaunchNumbers(**values)  # type: ignore[arg-type]
     tp, pp = numbers.tensor_parallel_size or 1, numbers.pipeline_parallel_size or 1
-    if visible_gpus and (numbers.nnodes or 1) == 1 and tp * pp > visible_gpus:
+    ray = args.value("--distributed-executor-backend") == "ray"   # the Ray cluster's GPUs count, not this node's
+    if visible_gpus and (numbers.nnodes or 1) == 1 and not ray and tp * pp > visible_gpus:
         given = f"--tensor-parallel-size {tp}" + (f" x --pipeline-parallel-size {pp}" if pp > 1 else "")
         errors.append(f"{given} needs {tp * pp} GPUs, {visible_gpus} are visible: at most {visible_gpus} "
-                      "on one node (CUDA_VISIBLE_DEVICES and the facts decide which are visible)")
+                      "on one node (CUDA_VISIBLE_DEVICES and the facts decide which are visible), or several "
+                      "nodes with --nnodes or --distributed-executor-backend ray")
     seqs, batched = numbers.max_num_seqs, numbers.max_num_batched_tokens
     if seqs is not None and batched is not None and batched < seqs:
         errors.append(f"--max-num-batched-tokens {batched} is below --max-num-seqs {seqs}: vLLM refuses that; "
