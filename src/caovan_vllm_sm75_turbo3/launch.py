@@ -123,13 +123,13 @@ def plan_launch(env: Mapping[str, str], args: VllmArgs, cli: Mapping[str, Any] |
         plan = _with_fill(make_plan(decision, env, args, state, probe, filled_args=filled), fill)
         if nodes is not None:
             plan = replace(plan, nodes=nodes, notes=(*plan.notes, *nodes.lines()))
+        if spans_nodes(args):   # each node of a multi-node launch names itself in its banner
+            here = summarise(node_name(), facts, keydir.key.name if keydir else None,
+                             str(keydir.path) if keydir else None, plan.env_updates())
+            plan = replace(plan, notes=(*plan.notes, here.line()))
         return _refused(plan, refused)
 
     plan = planned()
-    if spans_nodes(args):   # each node of a multi-node launch names itself in its banner
-        here = summarise(node_name(), facts, keydir.key.name if keydir else None, str(keydir.path) if keydir else None,
-                         plan.env_updates())
-        plan = replace(plan, notes=(*plan.notes, here.line()))
     write = write and refused is None
     if plan.status.get("flashinfer_sampler") != "probe-pending":
         if write and keydir and plan.stop_reason() is None:
