@@ -13,7 +13,8 @@ from caovan_vllm_sm75_turbo3.launch import APPLIED_MARK, apply_env, head_summary
 from caovan_vllm_sm75_turbo3.logformat import NODE_LINE
 from caovan_vllm_sm75_turbo3.plugin import context as context_mod
 from caovan_vllm_sm75_turbo3.plugin.context import ProcessContext
-from caovan_vllm_sm75_turbo3.plugin.node_check import inherited, plan_this_node, read_head
+from caovan_vllm_sm75_turbo3.plugin.node_check import inherited, keep_own_settings, plan_this_node, read_head
+from caovan_vllm_sm75_turbo3.policy.guards import RAY_PREFIXES_VAR
 from caovan_vllm_sm75_turbo3.policy.node import HEAD_VAR, NodeSummary, check_node, differences
 from caovan_vllm_sm75_turbo3.policy.vllm_args import read_vllm_args
 
@@ -63,9 +64,9 @@ def test_a_differing_node_is_a_warning_with_the_fix_and_a_refusal_under_require_
     assert NODE_LINE.match("Caovan SM75 Turbo3 " + warn.line)
 
 
-def _head_environ(tmp_path) -> dict[str, str]:
+def _head_environ(tmp_path, **user: str) -> dict[str, str]:
     """The environment the head's first process leaves: its plan's variables, its mark, its summary."""
-    env = {"CAOVAN_FACTS": HEAD_FACTS, "XDG_CACHE_HOME": str(tmp_path / "head" / ".cache")}
+    env = {"CAOVAN_FACTS": HEAD_FACTS, "XDG_CACHE_HOME": str(tmp_path / "head" / ".cache"), **user}
     ctx = ProcessContext(env)
     prepared = plan_launch(env, read_vllm_args([]), write=True, decision=ctx.decision)
     out = dict(env)
@@ -121,3 +122,33 @@ def test_same_machine_same_facts_is_the_head(tmp_path):
     line = plan_this_node(ProcessContext(environ), read_head(head), "n1", environ, initial)
     assert "same GPUs and stack as the head" in line
     assert environ["TRITON_CACHE_DIR"] == head["TRITON_CACHE_DIR"]
+
+
+def test_under_the_older_executor_a_node_gets_back_what_the_heads_copy_overwrote(tmp_path, caplog):
+    """RayDistributedExecutor (VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0) copies the prefixes it is given over the
+    worker's own values: the head's plan makes it carry ours, and the node restores its own."""
+    head = _head_environ(tmp_path, VLLM_USE_RAY_V2_EXECUTOR_BACKEND="0")
+    prefixes = ("VLLM_", *head[RAY_PREFIXES_VAR].split(","))
+    initial = _node2(tmp_path, [dict(T4, index=0)], {"VLLM_CACHE_ROOT": "/node2/own"}, {})[0]
+    environ = dict(initial)
+    environ.update({k: v for k, v in head.items() if k.startswith(prefixes)})   # vLLM's update_environment_variables
+    assert environ["VLLM_CACHE_ROOT"] == head["VLLM_CACHE_ROOT"] and "TRITON_CACHE_DIR" not in environ
+    assert environ["CAOVAN_FACTS"] == HEAD_FACTS   # the head's setting over this node's own
+    with caplog.at_level("INFO", logger="caovan_vllm_sm75_turbo3"):
+        assert keep_own_settings(environ, initial) == ["CAOVAN_FACTS"]
+    assert environ["CAOVAN_FACTS"] == initial["CAOVAN_FACTS"]
+    assert "this node's own CAOVAN_FACTS kept over the head's" in caplog.text
+    assert keep_own_settings(environ, initial) == [] and keep_own_settings(environ, None) == []
+    v2 = {**environ, "VLLM_USE_RAY_V2_EXECUTOR_BACKEND": "1"}
+    no_head = {k: v for k, v in environ.items() if k != HEAD_VAR}
+    for other in (v2, no_head):
+        other["CAOVAN_FACTS"] = "/changed/in/process"   # not the older executor's copy: the process's own doing
+        assert keep_own_settings(other, initial) == [] and other["CAOVAN_FACTS"] == "/changed/in/process"
+    summary = read_head(environ)
+    assert summary is not None and inherited(environ, initial, summary) >= {"VLLM_CACHE_ROOT", RAY_PREFIXES_VAR}
+    with caplog.at_level("INFO", logger="caovan_vllm_sm75_turbo3"):
+        line = plan_this_node(ProcessContext(environ), summary, "n2", environ, initial)
+    assert environ["VLLM_CACHE_ROOT"] == "/node2/own"   # this node's user's value, not the head's path
+    assert environ["TRITON_CACHE_DIR"].startswith(str(tmp_path / "node2"))
+    assert environ[RAY_PREFIXES_VAR] == head[RAY_PREFIXES_VAR]
+    assert "differs from the head" in line

@@ -23,7 +23,7 @@ from .policy.guards import CacheState
 from .policy.fill_base import LaunchFill
 from .policy.launch_fill import fill_launch
 from .policy.multinode import plan_nodes
-from .policy.node import HEAD_VAR, NodeSummary, summarise
+from .policy.node import HEAD_VAR, MARK_PREFIX, NodeSummary, summarise
 from .policy.plan import FilledArg, Plan, make_plan
 from .policy.profiles import load_table
 from .policy.vllm_args import LaunchNumbers, VllmArgs, check_launch_args, read_vllm_args
@@ -36,7 +36,7 @@ from .runtime.probe import load_facts
 
 # Set in the environment vLLM's processes inherit once the guards are applied, so that
 # workers log one short line instead of planning again. Not a CAOVAN_* setting.
-APPLIED_MARK = "_CAOVAN_APPLIED"
+APPLIED_MARK = MARK_PREFIX + "APPLIED"
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,12 @@ def node_line(check: str) -> str:
     return f"{PRODUCT} {check}"
 
 
+def own_settings_line(names: list[str]) -> str:
+    """A Ray worker's line when this node's own settings win over the head's copies of them."""
+    return (f"{PRODUCT}: this node's own {', '.join(names)} kept over the head's (vLLM's older Ray executor "
+            "copied the head's values over them; a node's own values win, as with RayExecutorV2)")
+
+
 def disabled_line(enable: bool, mode: str) -> str:
     """The first process's line when settings switch the plugin off."""
     return f"{PRODUCT}: disabled by settings (enable={enable}, mode={mode})"

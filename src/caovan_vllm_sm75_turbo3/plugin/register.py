@@ -22,7 +22,7 @@ from .attention import install as install_attention
 from .context import ProcessContext
 from ..runtime.node import node_name, ray_worker_node
 from .dispatch import install as install_gdn_dispatch
-from .node_check import plan_this_node, read_head
+from .node_check import keep_own_settings, plan_this_node, read_head
 from .turbo import install_turbo
 
 logger = logging.getLogger("caovan_vllm_sm75_turbo3")
@@ -124,6 +124,8 @@ def register() -> None:
         return
     _REGISTERED = True
     _show_through_vllm_logging()
+    if ray_worker_node():
+        keep_own_settings(os.environ, _initial_environ())
     ctx = ProcessContext.of_this_process()   # one reading of settings and facts for every decision below
     apply_guards(ctx)
     install_turbo(ctx)   # every process that compiles Triton kernels needs the hook

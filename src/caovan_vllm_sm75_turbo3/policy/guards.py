@@ -9,11 +9,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
+from ..config import ENV_PREFIX
 from ..runtime.flashinfer_probe import SamplerProbe
 from . import vllm_versions as vv
 from .decision import Decision
+from .node import MARK_PREFIX
 
 SAMPLER_VAR = "VLLM_USE_FLASHINFER_SAMPLER"
+RAY_V2_VAR = "VLLM_USE_RAY_V2_EXECUTOR_BACKEND"
+RAY_PREFIXES_VAR = "VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY"
+RAY_CARRIED = (ENV_PREFIX, MARK_PREFIX)   # our settings, and the first process's mark and plan
 ALL_RELEASES = "all"
 
 
@@ -179,3 +184,39 @@ def cache_guard(decision: Decision, env: Mapping[str, str], cache: CacheState | 
             "something in the stack changed, so the first start and the first request will compile again. "
             "`caovan-sm75-cache list` shows them; `caovan-sm75-cache clean` removes the stale ones")
     return GuardResult(tuple(changes), warnings=tuple(warnings))
+
+
+def legacy_ray_chosen(env: Mapping[str, str]) -> bool:
+    """True when the user chose vLLM's older Ray executor: VLLM_USE_RAY_V2_EXECUTOR_BACKEND read as vLLM
+    reads it (`bool(int(value))`) is false."""
+    try:
+        return int(env.get(RAY_V2_VAR, "1")) == 0
+    except ValueError:   # vLLM itself stops on it; nothing to carry
+        return False
+
+
+def ray_copy_guard(decision: Decision, env: Mapping[str, str]) -> GuardResult:
+    """Under vLLM's older Ray executor, carry our settings and the head's plan to the workers of every node.
+
+    That executor copies only VLLM_*, HF_*, NCCL_* and the like, over the workers' own values: without our
+    prefixes a worker on another node never sees the head's plan, plans as if it were the head, and keeps the
+    head's VLLM_CACHE_ROOT (a path of another machine) as if its user had set it; CAOVAN_* given on the head
+    are lost there. RayExecutorV2 (the default) copies the whole environment, so nothing is needed.
+    """
+    if not legacy_ray_chosen(env) or not decision.release.has("ray-legacy-executor"):
+        return GuardResult()
+    ours = ",".join(RAY_CARRIED)
+    reason = (f"{RAY_V2_VAR}={env[RAY_V2_VAR]} chose vLLM's older Ray executor, which copies only VLLM_*-like "
+              f"variables to its workers: {ours} carries our settings and the head's plan to every node, so each "
+              "node checks itself against the head and keeps no cache path of the head's machine")
+    change = decide(env, RAY_PREFIXES_VAR, ours, reason, releases_of("ray-legacy-executor"),
+                    f"your own {RAY_PREFIXES_VAR}")
+    theirs = {p.strip() for p in env.get(RAY_PREFIXES_VAR, "").split(",") if p.strip()}
+    missing = [p for p in RAY_CARRIED if not any(p.startswith(t) for t in theirs)]
+    if change.action == "set" or not missing:
+        return GuardResult((change,))
+    warning = (f"{RAY_PREFIXES_VAR} is your own ({change.value}) and stays, without {', '.join(missing)}: "
+               f"under the older Ray executor ({RAY_V2_VAR}=0) workers on other nodes then miss our settings "
+               "and the head's plan, plan as if each were the head and keep the head's VLLM_CACHE_ROOT; add "
+               f"{','.join(missing)} to it")
+    return GuardResult((change,), warnings=(warning,))

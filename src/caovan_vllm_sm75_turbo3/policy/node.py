@@ -17,7 +17,9 @@ from dataclasses import asdict, dataclass, field
 
 from ..runtime.facts import Facts
 
-HEAD_VAR = "_CAOVAN_HEAD"   # not a CAOVAN_* setting: the head's plan, for the other nodes
+# Our process marks (the first process's mark, the head's plan) start with this; not CAOVAN_* settings.
+MARK_PREFIX = "_CAOVAN_"
+HEAD_VAR = MARK_PREFIX + "HEAD"   # the head's plan, for the other nodes
 STACK = ("cuda", "torch", "triton", "vllm")
 
 

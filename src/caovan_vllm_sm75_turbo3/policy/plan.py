@@ -17,7 +17,8 @@ from ..config import Settings
 from ..runtime.flashinfer_probe import SamplerProbe
 from .accel import Turbo3
 from .checks import CheckResult, Status, rollup, run_checks, sm75_line
-from .guards import CacheState, EnvChange, GuardResult, arch_guard, cache_guard, sampler_guard, timeout_guard
+from .guards import (CacheState, EnvChange, GuardResult, arch_guard, cache_guard, ray_copy_guard, sampler_guard,
+                     timeout_guard)
 from .decision import Decision
 from .multinode import NodesPlan
 from .vllm_args import VllmArgs
@@ -155,7 +156,7 @@ def make_plan(decision: Decision, env: Mapping[str, str], args: VllmArgs,
     if facts.sm75_count:
         sampler = sampler_guard(decision, env, sampler_probe)
         results += [sampler, timeout_guard(decision, env), arch_guard(decision, env),
-                    cache_guard(decision, env, cache)]
+                    cache_guard(decision, env, cache), ray_copy_guard(decision, env)]
         sampler_line = sampler.status or "vllm-default"
     else:
         sampler_line = "not-sm75"

@@ -59,6 +59,12 @@ FEATURES: tuple[ReleaseFeature, ...] = (
                    "GDN layer in mamba/gdn/qwen_gdn_linear_attn.py (QwenGatedDeltaNetAttention)"),
     ReleaseFeature("fla-ops-in-third-party", "0.26", None,
                    "FLA ops live in vllm.third_party.flash_linear_attention.ops"),
+    ReleaseFeature("ray-legacy-executor", None, "0.32",
+                   "RayDistributedExecutor (v1/executor/ray_executor.py), chosen with "
+                   "VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0 (default 1): copies to its workers only the variables "
+                   "ray_env.get_env_vars_to_copy names (VLLM_*, HF_*, NCCL_*, ... and the prefixes in "
+                   "VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY), overwriting theirs; read in the 0.21.0 to 0.32.0 "
+                   "wheels, gone in 0.33.0"),
     ReleaseFeature("arg:--mamba-cache-mode", None, None, "mamba cache mode flag"),
     ReleaseFeature("mamba-align-for-prefix-cache", None, "0.33",
                    "--mamba-cache-mode align is needed for prefix caching on hybrid models"),
