@@ -4,6 +4,8 @@ plain greedy. Pure Python (no vLLM): the unit tests run it on CPU.
     python3 compare.py OUTDIR --shim native|sm75     # prints the summary JSON
     python3 compare.py OUTDIR --shim sm75 --on on-custom --off on   # any two runs: our attention
                                                                     # backend against stock TRITON_ATTN
+    python3 compare.py OUTDIR --shim sm75 --spec   # every MTP run against the same engine without it,
+                                                   # and FULL_AND_PIECEWISE (TAG -full) against PIECEWISE
 
 Greedy tokens are compared prompt by prompt. Where two runs part, the first differing step is
 explained when, in each run, the other run's token is its second choice and the margin between
@@ -150,6 +152,86 @@ def summarize(outdir: Path, shim: str, on_name: str = "on", off_name: str = "off
     return summary
 
 
+def _single(c: dict[str, Any]) -> dict[str, Any]:
+    return {"completions": [c]}
+
+
+def judge_speculative(spec: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    """An MTP run against the same engine without speculation: its greedy tokens with the real
+    drafter and with replayed drafts, the sweep's tokens at each acceptance, the acceptance each
+    phase saw, and whether replayed steps were accepted as planned. `problems` empty when exact."""
+    problems: list[str] = []
+    out: dict[str, Any] = {"greedy": compare_runs(spec, base),
+                           "greedy_seen": (spec.get("spec") or {}).get("greedy_seen"),
+                           "prefix_cached_tokens": spec["completions"][2]["num_cached_tokens"]}
+    if not out["greedy"]["all_explained"]:
+        problems.append("MTP greedy parts from plain greedy at a step the margins do not explain")
+    if not out["prefix_cached_tokens"]:
+        problems.append("with MTP the repeated prefix was not served from the prefix cache")
+    if "replay_completions" in spec:
+        out["replay"] = compare_runs({"completions": spec["replay_completions"]}, base)
+        seen = spec["replay_greedy_seen"]["hook"]
+        out["replay_seen"] = spec["replay_greedy_seen"]
+        parted = sum(1 for v in out["replay"]["prompts"] if not v["equal"])
+        if not out["replay"]["all_explained"]:
+            problems.append("replayed drafts part from plain greedy at a step the margins do not explain")
+        if seen["not_as_planned"] > parted:
+            problems.append(f"{seen['not_as_planned']} replayed steps not accepted as planned ({parted} prompts parted)")
+        if len(set(k for k, n in enumerate(seen["accepted_histogram"]) if n)) < 2:
+            problems.append("the replayed greedy steps did not meet changing acceptance")
+    sweep = []
+    for row in spec.get("acceptance_sweep") or []:
+        verdict = compare_runs(_single(row["completion"]), _single(base["sweep_reference"])) \
+            if base.get("sweep_reference") else None
+        hook = row["seen"]["hook"]
+        sweep.append({"accept": row["accept"], "decode_tok_s": row["decode"]["tok_s"], "spread": row["decode"]["spread"],
+                      "tokens_per_step": hook["tokens_per_step"], "vllm": row["seen"]["vllm"],
+                      "not_as_planned": hook["not_as_planned"],
+                      "equal": verdict["prompts"][0]["equal"] if verdict else None,
+                      "explained": verdict["all_explained"] if verdict else None})
+        if verdict and not verdict["all_explained"]:
+            problems.append(f"the sweep at {row['accept']} accepted parts from plain greedy unexplained")
+    out["sweep"] = sweep
+    out["problems"] = problems
+    return out
+
+
+def graph_ratios(piecewise: dict[str, Any], full: dict[str, Any]) -> dict[str, Any]:
+    """FULL_AND_PIECEWISE over PIECEWISE: the decode row and each acceptance level of the sweep."""
+    out: dict[str, Any] = {}
+    a, b = (piecewise.get("speed") or {}).get("decode_1024"), (full.get("speed") or {}).get("decode_1024")
+    if a and b:
+        out["decode_1024"] = {"piecewise": a["tok_s"], "full": b["tok_s"], "ratio": b["tok_s"] / a["tok_s"]}
+    by_level = {r["accept"]: r for r in piecewise.get("acceptance_sweep") or []}
+    for row in full.get("acceptance_sweep") or []:
+        if row["accept"] in by_level:
+            pw = by_level[row["accept"]]["decode"]["tok_s"]
+            out[f"accept_{row['accept']}"] = {"piecewise": pw, "full": row["decode"]["tok_s"],
+                                              "ratio": row["decode"]["tok_s"] / pw}
+    return out
+
+
+def spec_summary(outdir: Path, shim: str) -> dict[str, Any]:
+    """Every `<shim>-<mode>-mtp<tag>.json` of a call judged against `<shim>-<mode><tag>.json`, and
+    each run with TAG -full against the same run without it (CUDA graph modes)."""
+    runs = {p.stem[len(shim) + 1:]: json.loads(p.read_text()) for p in sorted(outdir.glob(f"{shim}-*.json"))}
+    judged: dict[str, Any] = {}
+    problems: list[str] = []
+    for name, run in runs.items():
+        if "-mtp" not in name:
+            continue
+        base = name.replace("-mtp", "", 1)
+        if base not in runs:
+            problems.append(f"{name}: no run {base} to judge it against")
+            continue
+        judged[name] = judge_speculative(run, runs[base])
+        problems += [f"{name}: {p}" for p in judged[name]["problems"]]
+    ratios = {name[:-len("-full")]: graph_ratios(runs[name[:-len("-full")]], run)
+              for name, run in runs.items() if name.endswith("-full") and name[:-len("-full")] in runs}
+    return {"shim": shim, "runs": sorted(runs), "speculative": judged, "full_over_piecewise": ratios,
+            "cudagraph_modes": {n: r.get("cudagraph_mode") for n, r in runs.items()}, "problems": problems}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("outdir", type=Path)
@@ -157,8 +239,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--on", default="on", help="the run judged (default on)")
     parser.add_argument("--off", default="off", help="the run it is judged against (default off)")
     parser.add_argument("--tag", default="", help="the TAG run_device.sh added to the runs' names")
+    parser.add_argument("--spec", action="store_true",
+                        help="judge every MTP run against its run without speculation, and FULL against PIECEWISE")
     args = parser.parse_args(argv)
-    summary = summarize(args.outdir, args.shim, args.on, args.off, args.tag)
+    summary = (spec_summary(args.outdir, args.shim) if args.spec
+               else summarize(args.outdir, args.shim, args.on, args.off, args.tag))
     print(json.dumps(summary, indent=1))
     return 1 if summary["problems"] else 0
 

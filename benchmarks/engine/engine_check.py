@@ -18,7 +18,14 @@ another plugin); `plugin_loaded` in the JSON says which it was. Both runs get th
 Progress goes to stdout (`engine_check: ...`, one line a step). A run that may hang can dump every
 thread's stack to stderr every N seconds: ENGINE_CHECK_STACKS=N.
 
+Speculative decoding (`--spec mtp`, `--draft-tokens N`): the greedy prompts and the decode row run
+with vLLM's MTP drafter, and each step's acceptance is counted (replay.py's hook, and vLLM's own
+spec-decode counters). With `--reference RUN.json` (a run of the same engine without speculation),
+the greedy prompts run again with replayed drafts (seeded acceptance 0..N per step), then decode
+is timed at each fixed acceptance 0..N on the reference's sweep prompt: tokens per step -> tok/s.
+
     python3 engine_check.py --model DIR --out FILE.json [--shim native|sm75] [--speed] [--ngram]
+                            [--spec mtp [--reference NO_SPEC_RUN.json]]
 """
 
 from __future__ import annotations
@@ -34,6 +41,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import replay  # noqa: E402
+
 # A prompt longer than --max-num-batched-tokens (later chunks start from a GDN state), a short
 # one, and one that repeats the long one's first 2048 tokens (a prefix-cache hit).
 CHUNK = 2048
@@ -42,6 +52,9 @@ SHARED_PREFIX = 2048
 GEN_TOKENS = 32
 SPEED_PREFILL = (8192, 32768)
 DECODE_TOKENS = 256
+SWEEP_PROMPT = 1024   # the decode sweep's prompt (seeded: every run draws the same one)
+SPEC_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
+                 "vllm:spec_decode_num_accepted_tokens")
 REPEATS = 3   # timed repeats of each speed row, after one untimed warm-up
 # Turing's limits as Triton's driver reports them (RTX 2080 Ti: 64 KiB of shared memory a block
 # with opt-in, 68 SMs). In sm75 mode Triton and FLA must see these, not the H100's 228 KiB and
@@ -152,11 +165,11 @@ def completion(out: Any) -> dict[str, Any]:
     return {"tokens": list(c.token_ids), "steps": steps, "num_cached_tokens": out.num_cached_tokens}
 
 
-def scaled_weights(model: Any) -> int:
+def scaled_weights(model: Any, skip: frozenset[int] = frozenset(), seed: int = 0) -> int:
     """Replace vLLM's dummy weights (uniform in ±1e-3: every logit near equal, every greedy choice a
     coin toss) in place with seeded ones of a trained model's scale: matrices N(0, 1/fan_in), norm
-    scales near 1, GDN decays A = 1..16. In place, so captured CUDA graphs stay valid. Returns the
-    number of tensors set."""
+    scales near 1, GDN decays A = 1..16. In place, so captured CUDA graphs stay valid. Tensors whose
+    storage is in `skip` stay (the target's, which an MTP drafter shares). Returns the number set."""
     import math
 
     import torch
@@ -164,7 +177,9 @@ def scaled_weights(model: Any) -> int:
     n = 0
     with torch.no_grad():
         for name, p in model.named_parameters():
-            g = torch.Generator(device=p.device).manual_seed(n + 1)
+            if p.data_ptr() in skip:
+                continue
+            g = torch.Generator(device=p.device).manual_seed(seed + n + 1)
             if name.endswith("A_log"):
                 p.copy_(torch.empty(p.shape, device=p.device).uniform_(0, math.log(16), generator=g))
             elif p.ndim == 1 and "norm" in name:
@@ -176,6 +191,17 @@ def scaled_weights(model: Any) -> int:
                 continue
             n += 1
     return n
+
+
+def scaled_drafter(worker: Any) -> int:
+    """scaled_weights for an MTP drafter's own tensors (run in the worker: collective_rpc), leaving
+    those it shares with the target (embedding, LM head) as the target has them. 0 without one."""
+    drafter = getattr(getattr(worker, "model_runner", None), "drafter", None)
+    model = getattr(drafter, "model", None)
+    if model is None:
+        return 0
+    shared = frozenset(p.data_ptr() for p in worker.model_runner.get_model().parameters())
+    return scaled_weights(model, skip=shared, seed=100_000)
 
 
 def gdn_census(model: Any) -> dict[str, Any]:
@@ -223,13 +249,14 @@ def rates(work: float, seconds: list[float]) -> dict[str, Any]:
     return {"seconds": seconds, "tok_s": med, "tok_s_min": r[0], "tok_s_max": r[-1], "spread": (r[-1] - r[0]) / med}
 
 
-def speed(llm: Any, rng: random.Random, ids: tuple[int, int], repeats: int = REPEATS) -> dict[str, Any]:
-    """Prefill tok/s for each SPEED_PREFILL length (fresh prompts: no cache hit) and single-stream
+def speed(llm: Any, rng: random.Random, ids: tuple[int, int], repeats: int = REPEATS,
+          prefill: tuple[int, ...] = SPEED_PREFILL) -> dict[str, Any]:
+    """Prefill tok/s for each `prefill` length (fresh prompts: no cache hit) and single-stream
     decode tok/s (the time of DECODE_TOKENS+1 tokens less that of 1, same length): one untimed
     warm-up, then `repeats` timings of each, reported as median and spread."""
     one, many = one_and_many()
     rows: dict[str, Any] = {}
-    for n in SPEED_PREFILL:
+    for n in prefill:
         timed(llm, [random_prompt(rng, n, ids)], one)
         rows[f"prefill_{n}"] = rates(n, [timed(llm, [random_prompt(rng, n, ids)], one)[0] for _ in range(repeats)])
         progress(f"prefill {n}: {rows[f'prefill_{n}']['tok_s']:,.0f} tok/s (spread {rows[f'prefill_{n}']['spread']:.1%})")
@@ -276,6 +303,120 @@ def long_context(llm: Any, rng: random.Random, ids: tuple[int, int], n: int, chu
     return row
 
 
+def spec_counters(llm: Any) -> dict[str, int]:
+    """vLLM's spec-decode counters so far (drafts, draft tokens, accepted tokens); {} without them."""
+    try:
+        metrics = llm.get_metrics()
+    except Exception:   # stats off, or a release without get_metrics: the hook's counts remain
+        return {}
+    out = {name: 0 for name in SPEC_COUNTERS}
+    for m in metrics:
+        if getattr(m, "name", None) in out and hasattr(m, "value"):
+            out[m.name] += int(m.value)
+    return out
+
+
+def counted(llm: Any, hook: replay.ReplayHook, run: Any) -> tuple[Any, dict[str, Any]]:
+    """run(): its result, with the acceptance the hook and vLLM's counters saw while it ran."""
+    hook.reset()
+    before = spec_counters(llm)
+    result = run()
+    after = spec_counters(llm)
+    vllm_counts = {k.split("num_")[1]: after[k] - before.get(k, 0) for k in after}
+    if vllm_counts.get("drafts"):
+        vllm_counts["tokens_per_step"] = 1 + vllm_counts["accepted_tokens"] / vllm_counts["drafts"]
+    return result, {"hook": hook.summary(), "vllm": vllm_counts}
+
+
+def greedy_prompts(ids: tuple[int, int]) -> list[list[int]]:
+    """A prompt longer than --chunk and a short one (run together: two sequences at once), then one
+    that repeats the long one's first SHARED_PREFIX tokens (a prefix-cache hit) and one of repeats."""
+    rng = random.Random(1)
+    prompts = [random_prompt(rng, n, ids) for n in PROMPTS]
+    prompts.append(prompts[0][:SHARED_PREFIX] + random_prompt(rng, 400, ids))
+    prompts.append((random_prompt(rng, 16, ids) * 40)[:600])   # repeats: something for the n-gram proposer
+    return prompts
+
+
+def run_greedy(llm: Any, prompts: list[list[int]]) -> list[dict[str, Any]]:
+    """GEN_TOKENS greedy tokens with top-2 logprobs: the first two prompts together, then the rest
+    (after the first finished: its blocks are cached)."""
+    from vllm import SamplingParams
+
+    greedy = SamplingParams(temperature=0.0, max_tokens=GEN_TOKENS, logprobs=2, detokenize=False, ignore_eos=True)
+    _, first = timed(llm, prompts[:2], greedy)
+    _, again = timed(llm, prompts[2:], greedy)
+    return [completion(o) for o in first + again]
+
+
+def sweep_prompt(ids: tuple[int, int]) -> list[int]:
+    """The decode sweep's prompt, the same in every run."""
+    return random_prompt(random.Random(4), SWEEP_PROMPT, ids)
+
+
+def sweep_reference(llm: Any, ids: tuple[int, int]) -> dict[str, Any]:
+    """Plain greedy on the sweep prompt, DECODE_TOKENS + 1 tokens with top-2 logprobs: what a
+    speculative run replays at each acceptance level, and what its tokens are judged against."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=DECODE_TOKENS + 1, logprobs=2, detokenize=False,
+                            ignore_eos=True)
+    return completion(timed(llm, [sweep_prompt(ids)], params)[1][0])
+
+
+def acceptance_sweep(llm: Any, hook: replay.ReplayHook, ids: tuple[int, int], reference: dict[str, Any],
+                     repeats: int) -> list[dict[str, Any]]:
+    """Decode tok/s on the sweep prompt with replayed drafts, at each fixed acceptance 0..N: the time
+    of DECODE_TOKENS+1 tokens less that of 1 (both hit the prefix cache), one warm-up then `repeats`."""
+    from vllm import SamplingParams
+
+    prompt = sweep_prompt(ids)
+    hook.plan.add(prompt, reference["tokens"])
+    one, _ = one_and_many()
+    many = SamplingParams(temperature=0.0, max_tokens=DECODE_TOKENS + 1, ignore_eos=True, detokenize=False,
+                          logprobs=2)
+    rows = []
+    for a in range(hook.plan.draft_tokens + 1):
+        hook.plan.accept = a
+        timed(llm, [prompt], many)
+        times, outs = [], None
+
+        def repeat() -> None:
+            nonlocal outs
+            for _ in range(repeats):
+                t1 = timed(llm, [prompt], one)[0]
+                tn, outs = timed(llm, [prompt], many)
+                times.append(max(tn - t1, 1e-9))
+
+        _, seen = counted(llm, hook, repeat)
+        row = {"accept": a, "decode": rates(DECODE_TOKENS, times), "seen": seen,
+               "completion": completion(outs[0])}
+        rows.append(row)
+        progress(f"replayed decode, {a} of {hook.plan.draft_tokens} accepted: {row['decode']['tok_s']:,.1f} tok/s, "
+                 f"{seen['hook']['tokens_per_step'] or 0:.2f} tokens a step, "
+                 f"{seen['hook']['not_as_planned']} steps not as planned")
+    hook.plan.accept = None
+    return rows
+
+
+def speculative(llm: Any, hook: replay.ReplayHook, args: argparse.Namespace, ids: tuple[int, int],
+                result: dict[str, Any]) -> None:
+    """The replay phases of a speculative run (with --reference): greedy again with replayed drafts
+    (seeded acceptance), the prefix cache emptied first so the run meets the same hits; then the sweep."""
+    ref = json.loads(Path(args.reference).read_text())
+    prompts = greedy_prompts(ids)
+    for prompt, c in zip(prompts, ref["completions"]):
+        hook.plan.add(prompt, c["tokens"])
+    result["prefix_cache_reset"] = bool(llm.reset_prefix_cache())
+    hook.plan.replay = True
+    result["replay_completions"], result["replay_greedy_seen"] = counted(llm, hook, lambda: run_greedy(llm, prompts))
+    progress(f"replayed greedy: {result['replay_greedy_seen']['hook']['tokens_per_step'] or 0:.2f} tokens a step, "
+             f"{result['replay_greedy_seen']['hook']['not_as_planned']} steps not as planned")
+    if args.speed and ref.get("sweep_reference"):
+        result["acceptance_sweep"] = acceptance_sweep(llm, hook, ids, ref["sweep_reference"], args.repeats)
+    hook.plan.replay = False
+
+
 def kv_capacity(llm: Any) -> dict[str, Any]:
     """The KV cache vLLM set up at start: blocks, tokens per block, tokens in all."""
     cache = llm.llm_engine.vllm_config.cache_config
@@ -303,6 +444,9 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     if args.ngram:
         kw["speculative_config"] = {"method": "ngram", "num_speculative_tokens": 3,
                                     "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    if args.spec == "mtp":
+        kw["speculative_config"] = {"method": "mtp", "num_speculative_tokens": args.draft_tokens}
+        kw["disable_log_stats"] = False   # vLLM's spec-decode counters (LLM.get_metrics)
     return kw
 
 
@@ -319,6 +463,14 @@ def main(argv: list[str] | None = None) -> int:
                              "default: its build repacks the weights at load, so later changes are unseen)")
     parser.add_argument("--speed", action="store_true", help="also time prefill and decode")
     parser.add_argument("--ngram", action="store_true", help="n-gram speculative decoding")
+    parser.add_argument("--spec", choices=("none", "mtp"), default="none",
+                        help="speculative decoding with the model's MTP layers (acceptance counted)")
+    parser.add_argument("--draft-tokens", type=int, default=3, help="MTP draft tokens a step (default 3)")
+    parser.add_argument("--reference", default=None,
+                        help="with --spec: a run of the same engine without speculation; its greedy tokens "
+                             "are replayed as drafts with seeded wrong guesses (acceptance known per step)")
+    parser.add_argument("--prefill-speed", type=int, nargs="*", default=list(SPEED_PREFILL), metavar="TOKENS",
+                        help="with --speed: the prefill lengths timed (default 8192 32768; none: decode only)")
     parser.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                         help="vLLM's prefix caching (default on; vLLM 0.27's CPU build cannot combine it "
                              "with speculation on a hybrid model: a Triton kernel copies the GDN states)")
@@ -352,9 +504,12 @@ def main(argv: list[str] | None = None) -> int:
         shim = install_sm75_shim() if args.shim == "sm75" else None
     result: dict[str, Any] = {"argv": sys.argv[1:] if argv is None else argv,
                               "env": {k: os.environ[k] for k in ENGINE_ENV}}
-    from vllm import LLM, SamplingParams
+    from vllm import LLM
 
-    progress(f"starting the engine ({args.device}, shim {args.shim})")
+    hook = replay.ReplayHook(replay.ReplayPlan(args.draft_tokens, token_range(args.model)[1], replay=False))
+    if args.spec != "none":
+        replay.install(hook)
+    progress(f"starting the engine ({args.device}, shim {args.shim}, speculation {args.spec})")
     t0 = time.perf_counter()
     llm = LLM(**engine_kwargs(args))
     result["engine_start_s"] = time.perf_counter() - t0
@@ -364,18 +519,25 @@ def main(argv: list[str] | None = None) -> int:
     result["census"] = llm.apply_model(gdn_census)[0]
     if args.weights == "scaled":
         result["weights_scaled"] = llm.apply_model(scaled_weights)[0]
-    rng, ids = random.Random(1), token_range(args.model)
-    prompts = [random_prompt(rng, n, ids) for n in PROMPTS]
-    prompts.append(prompts[0][:SHARED_PREFIX] + random_prompt(rng, 400, ids))
-    prompts.append((random_prompt(rng, 16, ids) * 40)[:600])   # repeats: something for the n-gram proposer
-    greedy = SamplingParams(temperature=0.0, max_tokens=GEN_TOKENS, logprobs=2, detokenize=False, ignore_eos=True)
-    _, first = timed(llm, prompts[:2], greedy)
-    _, again = timed(llm, prompts[2:], greedy)   # after the first finished: its blocks are cached
-    result["completions"] = [completion(o) for o in first + again]
+        if args.spec != "none":
+            result["drafter_weights_scaled"] = llm.collective_rpc(scaled_drafter)[0]
+    result["cudagraph_mode"] = str(llm.llm_engine.vllm_config.compilation_config.cudagraph_mode)
+    result["async_scheduling"] = getattr(llm.llm_engine.vllm_config.scheduler_config, "async_scheduling", None)
+    ids = token_range(args.model)
+    result["completions"], seen = counted(llm, hook, lambda: run_greedy(llm, greedy_prompts(ids)))
     result["gdn_calls_after_greedy"] = llm.apply_model(gdn_calls)[0]
     progress(f"greedy done: {len(result['completions'])} prompts x {GEN_TOKENS} tokens")
+    if args.spec != "none":
+        result["spec"] = {"method": args.spec, "draft_tokens": args.draft_tokens, "greedy_seen": seen}
+        progress(f"MTP greedy: {seen['hook']['tokens_per_step'] or 0:.2f} tokens a step (vLLM: {seen['vllm']})")
     if args.speed:
-        result["speed"] = speed(llm, random.Random(2), ids, args.repeats)
+        result["speed"], seen = counted(llm, hook, lambda: speed(llm, random.Random(2), ids, args.repeats,
+                                                                 tuple(args.prefill_speed)))
+        if args.spec != "none":
+            result["spec"]["speed_seen"] = seen
+        result["sweep_reference"] = sweep_reference(llm, ids)
+    if args.spec != "none" and args.reference:
+        speculative(llm, hook, args, ids, result)
     if args.long_context:
         result["long_context"] = [long_context(llm, random.Random(3 + i), ids, n, args.chunk, args.repeats)
                                   for i, n in enumerate(args.long_context)]

@@ -9,6 +9,9 @@
 #   on-ngram         plugin on, n-gram speculation against plain greedy
 #   on-custom        plugin on, our attention backend (--attention-backend CUSTOM), --speed
 #   on-custom-fp8    the same with fp8 (e4m3) KV
+#   <mode>-mtp       any of on, on-custom, on-custom-fp8 with MTP (--spec mtp, DRAFT draft tokens, default
+#                    3); where <mode><TAG>.json is already in $OUT (run it first, same call), its greedy tokens
+#                    are replayed as drafts and decode is timed at each acceptance 0..N (--reference)
 # ARGS is added to every mode (e.g. "--long-context 32768 131072"), TAG to every output's name.
 # CACHE=plugin shares one Triton and vLLM cache among the modes of one plugin state (the first is
 # cold, later ones warm); the default gives each mode its own (every start cold).
@@ -34,12 +37,17 @@ PYTHONPATH=$E2E/site python3 -c "import vllm, torch, triton; print('vllm', vllm.
 
 mode_args() {   # MODE -> plugin state, then engine_check arguments
   case "$1" in
+    *-mtp) local base; base=$(mode_args "${1%-mtp}") || return 1
+           echo "$base --spec mtp --draft-tokens ${DRAFT:-3}"
+           local ref="$OUTDIR/$SHIM-${1%-mtp}${TAG:-}.json"
+           [ -f "$ref" ] && echo " --reference $ref"
+           return 0 ;;
     on) echo "on --speed" ;;
     off) echo "off --speed" ;;
     on-ngram) echo "on --ngram" ;;
     on-custom) echo "on --speed --attention-backend CUSTOM" ;;
     on-custom-fp8) echo "on --speed --attention-backend CUSTOM --kv-cache-dtype fp8" ;;
-    *) echo "run_device.sh: unknown mode '$1' (on, off, on-ngram, on-custom, on-custom-fp8)" >&2; return 1 ;;
+    *) echo "run_device.sh: unknown mode '$1' (on, off, on-ngram, on-custom, on-custom-fp8, each of the on modes with -mtp)" >&2; return 1 ;;
   esac
 }
 
@@ -48,7 +56,7 @@ left() { echo $(( ${DEADLINE_S:-570} - ($(date +%s) - START) )); }   # the devic
 
 run_mode() {   # MODE
   local spec plugin name path cache
-  spec=$(mode_args "$1") || return 1
+  spec=$(mode_args "$1" | tr -d '\n') || return 1
   plugin=${spec%% *}
   name=$SHIM-$1${TAG:-}
   path=$E2E/site
