@@ -220,7 +220,7 @@ def spec_summary(outdir: Path, shim: str) -> dict[str, Any]:
     for name, run in runs.items():
         if "-mtp" not in name:
             continue
-        base = name.replace("-mtp", "", 1)
+        base = name.replace("-mtp", "", 1).replace("-unfixed", "", 1)
         if base not in runs:
             problems.append(f"{name}: no run {base} to judge it against")
             continue

@@ -67,6 +67,15 @@ ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0",   # one process: our patche
               "VLLM_USE_FLASHINFER_SAMPLER": "0"}
 
 
+def unfix() -> None:
+    """Keep our MTP prefix-cache fix out of this run (before vLLM loads the plugin, which binds it)."""
+    try:
+        from caovan_vllm_sm75_turbo3.plugin import cache_hit_fix
+    except ImportError:   # plugin off: nothing to keep out
+        return
+    cache_hit_fix.install = lambda ctx: None
+
+
 def progress(message: str) -> None:
     """One progress line on stdout, with the seconds since the process started."""
     print(f"engine_check: [{time.perf_counter() - STARTED:7.1f} s] {message}", flush=True)
@@ -469,6 +478,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reference", default=None,
                         help="with --spec: a run of the same engine without speculation; its greedy tokens "
                              "are replayed as drafts with seeded wrong guesses (acceptance known per step)")
+    parser.add_argument("--cache-fix", choices=("on", "off"), default="on",
+                        help="off: keep our fix of MTP prefix-cache hits (plugin/cache_hit_fix.py) out, to "
+                             "show what vLLM does without it")
     parser.add_argument("--prefill-speed", type=int, nargs="*", default=list(SPEED_PREFILL), metavar="TOKENS",
                         help="with --speed: the prefill lengths timed (default 8192 32768; none: decode only)")
     parser.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True,
@@ -502,10 +514,12 @@ def main(argv: list[str] | None = None) -> int:
         major, minor = (int(x) for x in args.capability.split("."))
         report_turing((major, minor), inductor_real=args.shim == "native")
         shim = install_sm75_shim() if args.shim == "sm75" else None
-    result: dict[str, Any] = {"argv": sys.argv[1:] if argv is None else argv,
+    result: dict[str, Any] = {"argv": sys.argv[1:] if argv is None else argv, "cache_fix": args.cache_fix,
                               "env": {k: os.environ[k] for k in ENGINE_ENV}}
     from vllm import LLM
 
+    if args.cache_fix == "off":
+        unfix()
     hook = replay.ReplayHook(replay.ReplayPlan(args.draft_tokens, token_range(args.model)[1], replay=False))
     if args.spec != "none":
         replay.install(hook)

@@ -12,6 +12,7 @@
 #   <mode>-mtp       any of on, on-custom, on-custom-fp8 with MTP (--spec mtp, DRAFT draft tokens, default
 #                    3); where <mode><TAG>.json is already in $OUT (run it first, same call), its greedy tokens
 #                    are replayed as drafts and decode is timed at each acceptance 0..N (--reference)
+#   <mode>-mtp-unfixed  the same without our fix of MTP prefix-cache hits (--cache-fix off)
 # ARGS is added to every mode (e.g. "--long-context 32768 131072"), TAG to every output's name.
 # CACHE=plugin shares one Triton and vLLM cache among the modes of one plugin state (the first is
 # cold, later ones warm); the default gives each mode its own (every start cold).
@@ -37,6 +38,8 @@ PYTHONPATH=$E2E/site python3 -c "import vllm, torch, triton; print('vllm', vllm.
 
 mode_args() {   # MODE -> plugin state, then engine_check arguments
   case "$1" in
+    *-unfixed) local inner; inner=$(mode_args "${1%-unfixed}") || return 1
+           echo "$inner --cache-fix off"; return 0 ;;
     *-mtp) local base; base=$(mode_args "${1%-mtp}") || return 1
            echo "$base --spec mtp --draft-tokens ${DRAFT:-3}"
            local ref="$OUTDIR/$SHIM-${1%-mtp}${TAG:-}.json"
@@ -71,6 +74,7 @@ run_mode() {   # MODE
       --shim "$SHIM" --out "$OUTDIR/$name.json" ${spec#* } ${ARGS:-} > "$OUTDIR/$name.log" 2>&1
   echo "   exit $? $(date -u +%T); $(grep -c 'Caovan' "$OUTDIR/$name.log") Caovan lines"
   grep '^engine_check:' "$OUTDIR/$name.log" | tail -12
+  grep -h "Caovan SM75 Turbo3 fix" "$OUTDIR/$name.log" | sort -u | cut -c1-160
   grep -v '^engine_check:' "$OUTDIR/$name.log" | tail -3
 }
 

@@ -75,6 +75,15 @@ ATTENTION_PREFIX = f"{PRODUCT} attention:"
 ATTENTION_STATE = re.compile(rf"^{PRODUCT} attention: (?P<state>attention_backend=\S+ interface=.*)$")
 
 
+CACHE_FIX_PREFIX = f"{PRODUCT} fix"
+CACHE_FIX_LINE = re.compile(rf"^{PRODUCT} fix (?P<id>[a-z0-9-]+): (?P<state>on|off)\b")
+
+
+def cache_fix_line(fix: str, state: str) -> str:
+    """An upstream-bug fix of ours (plugin/cache_hit_fix.py): `on: what` or `off: why`."""
+    return f"{CACHE_FIX_PREFIX} {fix}: {state}"
+
+
 def turbo_line(line: str, reason: str) -> str:
     """The Turbo hook's state, logged when it is not what the user asked for."""
     return f"{TURBO_PREFIX} turbo={line} ({reason})"

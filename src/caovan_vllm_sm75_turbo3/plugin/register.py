@@ -19,6 +19,7 @@ from ..logformat import disabled_line, not_applied_line
 from ..policy.banner import banner_lines, worker_line
 from ..policy.plan import Plan
 from .attention import install as install_attention
+from .cache_hit_fix import install as install_cache_hit_fix
 from .context import ProcessContext
 from ..runtime.node import node_name, ray_worker_node
 from .dispatch import install as install_gdn_dispatch
@@ -131,3 +132,4 @@ def register() -> None:
     install_turbo(ctx)   # every process that compiles Triton kernels needs the hook
     install_gdn_dispatch(ctx=ctx)  # our GDN prefill, registered when vLLM imports its GDN layer
     install_attention(ctx=ctx)  # our fp8-KV attention backend (0.24+), registered when vLLM imports its registry
+    install_cache_hit_fix(ctx)  # MTP + prefix caching on hybrid models (0.21-0.25), when vLLM imports its coordinator

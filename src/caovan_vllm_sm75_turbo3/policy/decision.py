@@ -1,7 +1,7 @@
 """One decision per process: settings + facts -> what every installer of ours does. Pure.
 
-`decide()` is the only place the Turbo hook, the GDN gate, our attention backend, `turbo3=` and
-guards-only mode are decided. `caovan-vllm-serve` (launch.plan_launch) and each vLLM process
+`decide()` is the only place the Turbo hook, the GDN gate, our attention backend, `turbo3=`,
+guards-only mode and our fixes of upstream bugs are decided. `caovan-vllm-serve` (launch.plan_launch) and each vLLM process
 (plugin/context.py) call it once and hand the value on: the plan and banner, the Turbo hook,
 the GDN dispatch and the attention backend read it and never decide again, so they cannot
 disagree. The vLLM version is parsed once here, into `release`.
@@ -18,6 +18,7 @@ from . import vllm_versions as vv
 from .accel import GdnState, Turbo3, gdn_state, turbo3_state
 from .attention import AttentionState, attention_state
 from .turbo import TurboDecision, decide_turbo
+from .upstream_bugs import plugin_fixes
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class Decision:
     turbo3: Turbo3
     shape: ModelShape | None = None
     kv_cache_dtype: str | None = None
+    fixes: tuple[str, ...] = ()   # upstream bugs our plugin fixes inside this vLLM (data/upstream_bugs.json)
 
     @property
     def active(self) -> bool:
@@ -63,4 +65,5 @@ def decide(settings: Settings, facts: Facts, shape: ModelShape | None = None,
     gdn = gdn_state(facts, settings, release, turbo, shape)
     attention = attention_state(facts, settings, release, turbo)
     t3 = turbo3_state(facts, settings, gdn, attention, shape, kv_cache_dtype)
-    return Decision(settings, facts, release, turbo, gdn, attention, t3, shape, kv_cache_dtype)
+    fixes = tuple(b.id for b in plugin_fixes(facts.versions.vllm)) if settings.active else ()
+    return Decision(settings, facts, release, turbo, gdn, attention, t3, shape, kv_cache_dtype, fixes)

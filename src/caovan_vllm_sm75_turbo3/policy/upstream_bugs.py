@@ -23,6 +23,34 @@ class SourceMarker:
 
 
 @dataclass(frozen=True)
+class PluginFix:
+    """Our fix of a bug inside vLLM: the releases it installs on, what it does, the upstream change it
+    follows, and the releases (major.minor) where the engine check proved it."""
+
+    releases: str
+    what: str
+    upstream: str
+    proven: tuple[str, ...] = ()
+
+    def installs_on(self, version: str | None) -> bool:
+        """Whether the fix installs on `version` (never on an unknown one: it patches known code)."""
+        return bool(version) and _within(self.releases, version or "", unknown=False)
+
+    def proven_on(self, version: str | None) -> bool:
+        """Whether the engine check proved the fix on `version`'s minor release."""
+        return self.installs_on(version) and any(minor_key(p) == minor_key(version or "") for p in self.proven)
+
+
+def _within(releases: str, version: str, unknown: bool) -> bool:
+    """Whether `version` lies in "0.21-0.28" (or "0.21"); `unknown` where it cannot be read."""
+    low, _, high = releases.partition("-")
+    try:
+        return minor_key(low) <= minor_key(version) <= minor_key(high or low)
+    except ValueError:
+        return unknown
+
+
+@dataclass(frozen=True)
 class UpstreamBug:
     """One bug: the launch it needs (`when`), the releases it was reported on, what the releases'
     source shows, its public sources."""
@@ -36,16 +64,15 @@ class UpstreamBug:
     sources: tuple[str, ...]
     check: str
     fatal: bool = False    # the launch does not start at all (the plan says vLLM is expected to fail)
+    fix: PluginFix | None = None
 
     def reported_on(self, version: str | None) -> bool:
         """Whether `version` is within the reported releases (unknown versions count: warn rather than not)."""
-        if not version:
-            return True
-        low, _, high = self.reported.partition("-")
-        try:
-            return minor_key(low) <= minor_key(version) <= minor_key(high or low)
-        except ValueError:
-            return True
+        return not version or _within(self.reported, version, unknown=True)
+
+    def fixed_by_us(self, version: str | None) -> bool:
+        """Whether our plugin's fix holds on `version` (installed there and proven by the engine check)."""
+        return self.fix is not None and self.fix.proven_on(version)
 
     def warning(self, version: str | None) -> str:
         """The plan's line: what goes wrong, where it was seen, how to check this server."""
@@ -59,10 +86,22 @@ def load_bugs() -> tuple[UpstreamBug, ...]:
     data = json.loads(resources.files("caovan_vllm_sm75_turbo3").joinpath("data", "upstream_bugs.json").read_text())
     return tuple(UpstreamBug(b["id"], dict(b["when"]), b["reported"], b["in_source"],
                              tuple(SourceMarker(**m) for m in b["markers"]), b["effect"], tuple(b["sources"]),
-                             b["check"], bool(b.get("fatal", False))) for b in data["bugs"])
+                             b["check"], bool(b.get("fatal", False)), _fix(b.get("plugin_fix")))
+                 for b in data["bugs"])
 
 
-def bugs_for(version: str | None, **launch: bool) -> list[UpstreamBug]:
+def _fix(raw: dict | None) -> PluginFix | None:
+    return None if raw is None else PluginFix(raw["releases"], raw["what"], raw["upstream"], tuple(raw["proven"]))
+
+
+def plugin_fixes(version: str | None) -> tuple[UpstreamBug, ...]:
+    """The bugs our plugin fixes inside vLLM `version` (installed whether or not yet proven)."""
+    return tuple(b for b in load_bugs() if b.fix is not None and b.fix.installs_on(version))
+
+
+def bugs_for(version: str | None, fixed: bool = False, **launch: bool) -> list[UpstreamBug]:
     """The bugs whose every condition holds for this launch (speculative, prefix_caching, hybrid_gdn,
-    pipeline_parallel; a condition not given is false) on `version`."""
-    return [b for b in load_bugs() if b.reported_on(version) and all(launch.get(k, False) == v for k, v in b.when.items())]
+    pipeline_parallel; a condition not given is false) on `version`. With `fixed` (our plugin runs
+    in vLLM's processes), those our proven fix removes are left out."""
+    return [b for b in load_bugs() if b.reported_on(version) and all(launch.get(k, False) == v for k, v in b.when.items())
+            and not (fixed and b.fixed_by_us(version))]
