@@ -27,7 +27,7 @@ def test_dry_run_shows_filled_values_with_reasons(tmp_path):
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     for expect in ("arg --tensor-parallel-size 2 filled: ", "arg --max-model-len 262144 filled: ",
-                   "arg --kv-cache-dtype fp8 filled: ", "arg --mamba-cache-mode align filled: ",
+                   "arg --kv-cache-dtype fp8 filled: ", "arg --no-enable-prefix-caching filled: ",
                    "arg --disable-custom-all-reduce filled: "):
         hit = [ln for ln in lines if ln.startswith(expect)]
         assert hit and len(hit[0]) > len(expect) + 10, expect  # a reason follows

@@ -23,8 +23,8 @@ QWEN = EXAMPLES / "models" / "qwen3.6-27b-awq"
 TABLE = load_table()
 # The field launch line (docs/design.md / issue 3), the flags a profile can fill.
 FIELD = {"--tensor-parallel-size": "2", "--dtype": "half", "--max-model-len": "262144", "--max-num-seqs": "2",
-         "--max-num-batched-tokens": "8192", "--kv-cache-dtype": "fp8", "--disable-custom-all-reduce": None,
-         "--enable-prefix-caching": None, "--mamba-cache-mode": "align"}
+         "--max-num-batched-tokens": "8192", "--kv-cache-dtype": "fp8", "--disable-custom-all-reduce": None}
+MTP3 = '{"method":"mtp","num_speculative_tokens":3}'
 
 
 def fill(facts: Facts, *user: str, model=None, profile: str = "auto"):
@@ -50,11 +50,16 @@ def pinned_facts(vllm: str) -> Facts:
 def test_field_launch_on_2x22g_vllm021():
     r = fill(Facts.load(EXAMPLES / "2x2080ti-22g.json"))
     got = filled(r)
-    # its only warning: the upstream bug of MTP with prefix caching reported on this release
+    # MTP with prefix caching gives wrong output on 0.21 (upstream bug, no proven fix): MTP is filled
+    # and prefix caching switched off, with the reason and how to have prefix caching instead
     assert r.profile == "2x2080ti-22g-qwen3.5-hybrid-v0.21"
-    assert [w.split(" ")[2] for w in r.warnings] == ["mtp-prefix-cache-wrong-output"]
+    assert r.warnings == ()
     for flag, value in FIELD.items():
         assert flag in got and got[flag] == value, flag
+    assert "--no-enable-prefix-caching" in got and "--enable-prefix-caching" not in got
+    why = next(a.reason for a in r.args if a.flag == "--no-enable-prefix-caching")
+    assert "mtp-prefix-cache-wrong-output" in why and "pass --enable-prefix-caching" in why
+    assert "--mamba-cache-mode" not in got
     assert json.loads(got["--speculative-config"]) == {"method": "mtp", "num_speculative_tokens": 3}
     assert json.loads(got["--compilation-config"]) == {"cudagraph_mode": "PIECEWISE", "cudagraph_capture_sizes": [4, 8]}
     assert got["--attention-backend"] == "FLASHINFER" and got["--gpu-memory-utilization"] == "0.9"
@@ -75,7 +80,7 @@ def test_field_launch_on_2x22g_vllm021():
     ("0.34.0", "fp8", "CUSTOM", None),
 ])
 def test_release_rules(vllm, kv, backend, mamba):
-    got = filled(fill(pinned_facts(vllm)))
+    got = filled(fill(pinned_facts(vllm), "--enable-prefix-caching"))
     assert got["--kv-cache-dtype"] == kv and got["--attention-backend"] == backend
     assert got.get("--mamba-cache-mode") == mamba
     # fp16 KV takes twice the bytes: the context that fits is shorter than 0.21's 262144
@@ -306,8 +311,63 @@ def test_mtp_with_prefix_caching_on_a_hybrid_model_names_the_upstream_bugs_per_r
         assert all("In the source: " in w and "Sources: vLLM #" in w for w in lines)
         return [w.split(" ")[2] for w in lines]
 
-    assert bugs("0.21.0", "3.6.0") == ["mtp-prefix-cache-wrong-output"]
-    assert bugs("0.27.0", "3.7.1") == ["mtp-prefix-cache-wrong-output", "mtp-prefix-cache-lost-hits"]
+    both = ("--enable-prefix-caching", "--speculative-config", MTP3)
+    assert bugs("0.21.0", "3.6.0", *both) == ["mtp-prefix-cache-wrong-output"]
+    assert bugs("0.27.0", "3.7.1", *both) == ["mtp-prefix-cache-wrong-output", "mtp-prefix-cache-lost-hits"]
+    assert bugs("0.34.0", "3.8.0", *both) == ["mtp-prefix-cache-lost-hits"]
+    # by default the plan never fills the pair it warns gives wrong output (lost hits only cost speed)
+    assert bugs("0.21.0", "3.6.0") == [] and bugs("0.27.0", "3.7.1") == []
     assert bugs("0.34.0", "3.8.0") == ["mtp-prefix-cache-lost-hits"]
     # without speculative decoding neither applies
-    assert bugs("0.27.0", "3.7.1", "--speculative-config", "null") == []
+    assert bugs("0.27.0", "3.7.1", "--enable-prefix-caching", "--speculative-config", "null") == []
+
+
+@pytest.mark.parametrize("vllm", sorted(json.loads(
+    (EXAMPLES.parent / "src/caovan_vllm_sm75_turbo3/data/vllm_release_pins.json").read_text())["releases"]))
+@pytest.mark.parametrize("user", [(), ("--enable-prefix-caching",), ("--speculative-config", MTP3),
+                                  ("--no-enable-prefix-caching",)])
+def test_no_default_is_one_we_warn_gives_wrong_output(vllm, user):
+    """Whatever single choice the user makes, what the profile fills beside it never meets a
+    wrong-output bug; the user's own flags are kept."""
+    from caovan_vllm_sm75_turbo3.policy.upstream_bugs import load_bugs
+
+    wrong = {b.id for b in load_bugs() if b.wrong_output}
+    r = fill(pinned_facts(vllm), *user)
+    assert not [w for w in r.warnings if w.startswith("upstream bug ") and w.split(" ")[2] in wrong], r.warnings
+    got = filled(r)
+    if "--enable-prefix-caching" in user:
+        assert "--no-enable-prefix-caching" not in got
+    if "--speculative-config" in user:
+        assert "--speculative-config" not in got and any(ln.startswith("kept: --speculative-config") for ln in r.lines)
+
+
+def test_prefix_caching_asked_for_leaves_mtp_out_and_says_why():
+    r = fill(pinned_facts("0.21.0"), "--enable-prefix-caching")
+    got = filled(r)
+    assert "--speculative-config" not in got and got.get("--mamba-cache-mode") == "align"
+    line = next(ln for ln in r.lines if ln.startswith("speculative: none: you asked for prefix caching"))
+    assert "mtp-prefix-cache-wrong-output" in line and "0.21.0" in line
+    # both asked for: both kept, and the warning stays
+    r = fill(pinned_facts("0.21.0"), "--enable-prefix-caching", "--speculative-config", MTP3)
+    assert [w.split(" ")[2] for w in r.warnings if w.startswith("upstream bug ")] == ["mtp-prefix-cache-wrong-output"]
+
+
+def test_a_proven_fix_lets_the_profile_fill_both_and_says_so(monkeypatch):
+    from caovan_vllm_sm75_turbo3.policy import upstream_bugs as ub
+
+    real = ub.load_bugs()
+    fixed = tuple(b if b.fix is None else __import__("dataclasses").replace(
+        b, fix=__import__("dataclasses").replace(b.fix, proven=("0.24",))) for b in real)
+    monkeypatch.setattr(ub, "load_bugs", lambda: fixed)
+    facts = pinned_facts("0.24.0")
+    model = read_model(str(QWEN))
+    with_fix = fill_launch(facts, model, "auto", read_vllm_args([model.path]), TABLE, fixes=("mtp-prefix-cache-wrong-output",))
+    got = filled(with_fix)
+    assert "--enable-prefix-caching" in got and "--speculative-config" in got and with_fix.warnings == ()
+    assert any(ln.startswith("fixed: upstream bug mtp-prefix-cache-wrong-output on vLLM 0.24.0") for ln in with_fix.lines)
+    # the plugin not installing its fix (fixes empty), or a release it was not proven on: no pair
+    without = filled(fill_launch(facts, model, "auto", read_vllm_args([model.path]), TABLE))
+    assert "--no-enable-prefix-caching" in without
+    other = filled(fill_launch(pinned_facts("0.23.0"), model, "auto", read_vllm_args([model.path]), TABLE,
+                               fixes=("mtp-prefix-cache-wrong-output",)))
+    assert "--no-enable-prefix-caching" in other

@@ -165,7 +165,8 @@ def _profile_fill(decision: Decision, args: VllmArgs, numbers: LaunchNumbers, mo
     table = load_table()
     if settings.profile not in ("auto", "none"):
         table.by_name(settings.profile, settings.where("profile"))   # an unknown name: named where it was given
-    fill = fill_launch(decision.facts, model, settings.profile, args, table, numbers, turbo=decision.turbo)
+    fill = fill_launch(decision.facts, model, settings.profile, args, table, numbers, turbo=decision.turbo,
+                       fixes=decision.fixes)
     return replace(fill, lines=(*fill.lines, *(f"model: {n}" for n in (model.notes if model else ()))))
 
 

@@ -9,7 +9,7 @@ from .. import safe_json
 from ..runtime.model import ModelFacts, ModelShape
 from .fill_base import COMPILATION, Filler
 from .profiles import Family, Profile
-from .upstream_bugs import bugs_for
+from .upstream_bugs import UpstreamBug, bugs_for
 
 MAX_CAPTURE_TOKENS = 512
 
@@ -40,10 +40,18 @@ def _user_speculative(f: Filler) -> int | None:
     return _draft_count(f.user_value("--speculative-config.num_speculative_tokens"))
 
 
+def prefix_hazard_line(bug: UpstreamBug, version: str | None) -> str:
+    """Why MTP and prefix caching are not filled together on this release."""
+    return (f"MTP with prefix caching gives wrong output on prefix-cache hits on vLLM {version} on hybrid GDN "
+            f"models (upstream bug {bug.id}; {bug.in_source.split('. ')[0]})")
+
+
 def fill_speculative(f: Filler, profile: Profile, shape: ModelShape, model: ModelFacts,
-                      family: Family | None, version: str | None = None) -> int:
-    """Speculative decoding: MTP only with MTP weights in the checkpoint, and not where this release
-    refuses it with pipeline parallel (data/upstream_bugs.json). Returns the draft tokens."""
+                      family: Family | None, version: str | None = None,
+                      prefix_hazard: UpstreamBug | None = None) -> int:
+    """Speculative decoding: MTP only with MTP weights in the checkpoint, not where this release
+    refuses it with pipeline parallel, and not beside prefix caching the user asked for where
+    `prefix_hazard` says that pair gives wrong output (data/upstream_bugs.json). Returns the draft tokens."""
     draft = _user_speculative(f)
     if draft is None and f.given("--speculative-config"):
         f.lines.append("kept: --speculative-config as given (draft tokens unreadable, the memory plan assumes none)")
@@ -68,6 +76,11 @@ def fill_speculative(f: Filler, profile: Profile, shape: ModelShape, model: Mode
         return 0
     if not method:
         f.lines.append(f"speculative: none: no MTP method known for {shape.architecture}")
+        return 0
+    if prefix_hazard is not None and f.user_value("--enable-prefix-caching") is True:
+        f.lines.append(f"speculative: none: you asked for prefix caching, and {prefix_hazard_line(prefix_hazard, version)}; "
+                       "pass --speculative-config yourself to have both, or leave out --enable-prefix-caching "
+                       "to have MTP")
         return 0
     f.fill("--speculative-config", {"method": method, "num_speculative_tokens": want},
            f"the checkpoint has {model.mtp_weights} MTP weights; {want} draft tokens were the fastest count "

@@ -26,10 +26,10 @@ from ..runtime.model import ModelFacts, ModelShape, model_shape
 from . import vllm_versions as vv
 from .fill_attention import KV_BYTES, fill_attention_backend, fill_kv_cache_dtype
 from .fill_base import Filler, LaunchFill
-from .fill_decode import fill_cuda_graphs, fill_speculative
+from .fill_decode import fill_cuda_graphs, fill_speculative, prefix_hazard_line
 from .memory_plan import MemoryInputs, MemoryPlan, plan_memory
 from .turbo import TurboDecision, decide_turbo
-from .upstream_bugs import bugs_for
+from .upstream_bugs import UpstreamBug, bugs_for, wrong_output_with_prefix_cache
 from .profiles import Profile, ProfileTable, Setup, matches, missed_rule, select, setup_of
 from .vllm_args import AUTO_LEN, LaunchNumbers, VllmArgs, check_launch_args
 
@@ -75,12 +75,13 @@ def _model_line(shape: ModelShape, model: ModelFacts, family: str | None) -> str
 
 def fill_launch(facts: Facts, model: ModelFacts | None, profile_setting: str, args: VllmArgs,
                 table: ProfileTable, numbers: LaunchNumbers | None = None,
-                turbo: TurboDecision | None = None) -> LaunchFill:
+                turbo: TurboDecision | None = None, fixes: tuple[str, ...] = ()) -> LaunchFill:
     """Decide the vLLM arguments to add for this machine and model (see the module doc).
 
     `numbers` are the user's numeric arguments as the launch checked them (check_launch_args);
     without them they are read here, and a value that does not pass counts as not given.
-    `turbo` is the plan's Turbo decision (None: the one for default settings and these facts)."""
+    `turbo` is the plan's Turbo decision (None: the one for default settings and these facts);
+    `fixes` the upstream-bug fixes our plugin installs in this launch's vLLM (Decision.fixes)."""
     if profile_setting == "none":
         return LaunchFill(None)  # the user's arguments only, nothing to explain
     if not facts.sm75_count:
@@ -102,7 +103,8 @@ def fill_launch(facts: Facts, model: ModelFacts | None, profile_setting: str, ar
     turbo = turbo or decide_turbo(facts, Settings(), facts.versions.triton)
     kv = fill_kv_cache_dtype(f, launch, version, turbo)
     fill_attention_backend(f, launch, version, kv)
-    draft = fill_speculative(f, profile, shape, model, table.families.get(setup.family or ""), version)
+    hazard = wrong_output_with_prefix_cache(version, shape.is_hybrid, fixes)
+    draft = fill_speculative(f, profile, shape, model, table.families.get(setup.family or ""), version, hazard)
     util = _fill_gpu_memory_utilization(f, launch, profile.name, planned)
     inputs = None if setup.gpu_memory_mib is None else MemoryInputs(
         gpu_memory_mib=setup.gpu_memory_mib, tensor_parallel=tp, gpu_memory_utilization=util,
@@ -111,8 +113,9 @@ def fill_launch(facts: Facts, model: ModelFacts | None, profile_setting: str, ar
         pipeline_parallel=f.numbers.pipeline_parallel_size or 1)
     memory, seqs = _fill_memory(f, launch, shape, inputs)
     _fill_batched_tokens(f, launch, profile.name)
-    prefix_on = _fill_prefix_caching(f, launch, shape, version)
-    _warn_upstream_bugs(f, shape, draft, prefix_on, version)
+    prefix_on = _fill_prefix_caching(f, launch, shape, version, hazard if draft else None)
+    _say_fixed(f, shape, draft, prefix_on, version, fixes)
+    _warn_upstream_bugs(f, shape, draft, prefix_on, version, fixes)
     fill_cuda_graphs(f, launch, shape, draft, seqs)
     _fill_all_reduce(f, launch, tp, profile.name)
     _fill_extra_args(f, launch, profile.name)
@@ -254,9 +257,17 @@ def _fill_batched_tokens(f: Filler, launch: dict[str, Any], profile: str) -> Non
         f.fill("--max-num-batched-tokens", str(batched), f"profile {profile}: the prefill chunk")
 
 
-def _fill_prefix_caching(f: Filler, launch: dict[str, Any], shape: ModelShape, version: str | None) -> bool:
-    """Prefix caching, and the mamba cache mode it needs on hybrid models; whether it is on."""
+def _fill_prefix_caching(f: Filler, launch: dict[str, Any], shape: ModelShape, version: str | None,
+                         hazard: UpstreamBug | None = None) -> bool:
+    """Prefix caching, and the mamba cache mode it needs on hybrid models; whether it is on. With
+    MTP filled or given and `hazard` (that pair gives wrong output here), prefix caching is not
+    filled but switched off, unless the user asked for it (then the plan warns)."""
     prefix_user = f.user_value("--enable-prefix-caching")
+    if hazard is not None and prefix_user is None:
+        f.fill("--no-enable-prefix-caching", None,
+               f"{prefix_hazard_line(hazard, version)}: MTP is kept for decode speed; pass --enable-prefix-caching "
+               "to have prefix caching instead (the profile then leaves MTP out)")
+        return False
     if launch.get("prefix_caching"):
         f.fill("--enable-prefix-caching", None, "reuse the cache of shared prompt prefixes (chat history, tools)")
     prefix_on = prefix_user is True or isinstance(prefix_user, str) or (
@@ -266,11 +277,23 @@ def _fill_prefix_caching(f: Filler, launch: dict[str, Any], shape: ModelShape, v
     return prefix_on
 
 
-def _warn_upstream_bugs(f: Filler, shape: ModelShape, draft: int, prefix_on: bool, version: str | None) -> None:
-    """The upstream bugs this launch meets (data/upstream_bugs.json): MTP is kept for its speed (the
-    field report's 100 against 45 tok/s), and each bug is a warning with its sources and a check."""
+def _say_fixed(f: Filler, shape: ModelShape, draft: int, prefix_on: bool, version: str | None,
+               fixes: tuple[str, ...]) -> None:
+    """A line for each upstream bug of this launch that our proven fix removes."""
     pp = (f.numbers.pipeline_parallel_size or 1) > 1
     for bug in bugs_for(version, speculative=bool(draft), prefix_caching=prefix_on, hybrid_gdn=shape.is_hybrid,
+                        pipeline_parallel=pp):
+        if bug.id in fixes and bug.fixed_by_us(version) and bug.fix is not None:
+            f.lines.append(f"fixed: upstream bug {bug.id} on vLLM {version} by our plugin ({bug.fix.what}; proven by "
+                           f"the engine check on {', '.join(bug.fix.proven)})")
+
+
+def _warn_upstream_bugs(f: Filler, shape: ModelShape, draft: int, prefix_on: bool, version: str | None,
+                        fixes: tuple[str, ...] = ()) -> None:
+    """The upstream bugs this launch meets (data/upstream_bugs.json) and our proven fixes do not
+    remove: each is a warning with its sources and a check."""
+    pp = (f.numbers.pipeline_parallel_size or 1) > 1
+    for bug in bugs_for(version, fixes, speculative=bool(draft), prefix_caching=prefix_on, hybrid_gdn=shape.is_hybrid,
                         pipeline_parallel=pp):
         (f.failures if bug.fatal else f.warnings).append(bug.warning(version))
 

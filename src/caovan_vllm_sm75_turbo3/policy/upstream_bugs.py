@@ -65,6 +65,7 @@ class UpstreamBug:
     check: str
     fatal: bool = False    # the launch does not start at all (the plan says vLLM is expected to fail)
     fix: PluginFix | None = None
+    wrong_output: bool = False   # the server answers, with wrong text (never a default we fill)
 
     def reported_on(self, version: str | None) -> bool:
         """Whether `version` is within the reported releases (unknown versions count: warn rather than not)."""
@@ -86,7 +87,8 @@ def load_bugs() -> tuple[UpstreamBug, ...]:
     data = json.loads(resources.files("caovan_vllm_sm75_turbo3").joinpath("data", "upstream_bugs.json").read_text())
     return tuple(UpstreamBug(b["id"], dict(b["when"]), b["reported"], b["in_source"],
                              tuple(SourceMarker(**m) for m in b["markers"]), b["effect"], tuple(b["sources"]),
-                             b["check"], bool(b.get("fatal", False)), _fix(b.get("plugin_fix")))
+                             b["check"], bool(b.get("fatal", False)), _fix(b.get("plugin_fix")),
+                             bool(b.get("wrong_output", False)))
                  for b in data["bugs"])
 
 
@@ -99,9 +101,16 @@ def plugin_fixes(version: str | None) -> tuple[UpstreamBug, ...]:
     return tuple(b for b in load_bugs() if b.fix is not None and b.fix.installs_on(version))
 
 
-def bugs_for(version: str | None, fixed: bool = False, **launch: bool) -> list[UpstreamBug]:
+def bugs_for(version: str | None, fixes: tuple[str, ...] = (), **launch: bool) -> list[UpstreamBug]:
     """The bugs whose every condition holds for this launch (speculative, prefix_caching, hybrid_gdn,
-    pipeline_parallel; a condition not given is false) on `version`. With `fixed` (our plugin runs
-    in vLLM's processes), those our proven fix removes are left out."""
+    pipeline_parallel; a condition not given is false) on `version`, less those whose id is in
+    `fixes` (the plugin's fixes this launch installs) where the fix is proven on `version`."""
     return [b for b in load_bugs() if b.reported_on(version) and all(launch.get(k, False) == v for k, v in b.when.items())
-            and not (fixed and b.fixed_by_us(version))]
+            and not (b.id in fixes and b.fixed_by_us(version))]
+
+
+def wrong_output_with_prefix_cache(version: str | None, hybrid_gdn: bool, fixes: tuple[str, ...]) -> UpstreamBug | None:
+    """The bug that makes MTP with prefix caching give wrong output on this launch (None: none
+    holds, or our proven fix removes it)."""
+    return next((b for b in bugs_for(version, fixes, speculative=True, prefix_caching=True, hybrid_gdn=hybrid_gdn)
+                 if b.wrong_output), None)
