@@ -182,10 +182,11 @@ def test_unreadable_file_is_a_clear_error(tmp_path):
         triage_path(str(path))
 
 
-def test_empty_file_is_a_clean_empty_log(tmp_path):
+def test_an_empty_file_is_undecided_never_ok(tmp_path):
     path = tmp_path / "empty.log"
     path.write_bytes(b"")
     with open_log(str(path)) as stream:
         assert list(read_lines(stream)) == []
     t = triage_path(str(path))
-    assert t.lines == 0 and t.verdict == "clean" and t.ready_line is None
+    assert t.lines == 0 and t.verdict == "undecided" and t.exit_code == 1 and t.ready_line is None
+    assert "the log is empty" in t.findings[0].cause.lower()

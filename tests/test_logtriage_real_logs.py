@@ -25,7 +25,7 @@ CASES = {
     "real_vllm027_bad_flag.log": (2, "bad-argument", "--no-such-flag", False),
     "real_vllm027_kv_cache_too_small.log": (2, "kv-cache-too-small", "--max-model-len to at most 131072", False),
     # head_dim 16 is refused by the CPU attention at the first request: ready, then the engine died
-    "real_vllm027_died_on_first_request.log": (2, "unexplained-failure", "head_dim=16", True),
+    "real_vllm027_died_on_first_request.log": (2, "crash-after-serving", "head_dim=16", True),
 }
 
 

@@ -81,3 +81,5 @@ run_mode() {   # MODE
 for mode in ${MODES:-on off on-ngram}; do run_mode "$mode"; done
 python3 $HERE/compare.py "$OUTDIR" --shim "$SHIM" ${COMPARE:-} > "$OUTDIR/summary${TAG:-}.json"
 cat "$OUTDIR/summary${TAG:-}.json"
+# The device tool brings back at most 8 files: every result and log in one archive too.
+tar czf "$OUTDIR/engine-results.tgz" -C "$OUTDIR" --exclude engine-results.tgz . 2>/dev/null || true

@@ -49,6 +49,23 @@ START: tuple[Signature, ...] = (
         fix=("Find the first ERROR or Traceback before this line in the whole log (`journalctl -u SERVICE "
              "--no-pager`, `docker logs CONTAINER 2>&1`), and run `caovan-sm75-doctor --log` on the whole "
              "log.")),
+    # Not spotted by a needle: the judge adds it (judge.py, rule crash-after-serving) at the first
+    # crash sign after the server served, where no known cause was found after serving.
+    Signature(
+        id="crash-after-serving",
+        shown=("after the server served: an engine-core or worker error traceback (whole, cut, or frames only), "
+               "a CUDA error (illegal memory access, device-side assert, unspecified launch failure), an NCCL "
+               "watchdog failure"),
+        title="the engine crashed after the server had served",
+        needles=(),
+        rule=Rule.FATAL, role=Role.CAUSE,
+        cause=("The server was up and answering, then the engine failed; what follows (EngineDeadError, HTTP "
+               "500, a dead worker) is the consequence. A CUDA error after serving means a kernel broke the "
+               "GPU context: the process cannot go on."),
+        fix=("Read the traceback at this line; restart the server (it does not recover). If a kernel of ours "
+             "is in it (GDN prefill, Caovan attention), switch it off (CAOVAN_GDN_LEGACY_DISABLE=1, or leave "
+             "out --attention-backend CUSTOM) and report it with the log; CUDA_LAUNCH_BLOCKING=1 names the "
+             "kernel that failed.")),
     # -- failures before the engine exists: the API server's own traceback, no EngineCore lines --
     # Python's OSError for bind(); uvicorn and vLLM's API server raise it as it is.
     Signature(

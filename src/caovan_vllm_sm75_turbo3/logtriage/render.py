@@ -76,6 +76,7 @@ def render_text(t: Triage) -> str:
             shown.add(f.fix)
         out.append("")
     ready = (f"the server started (line {t.ready_line}: Application startup complete)" if t.ready_line
+             else "the log shows the server answering (2xx) but not its ready line" if t.http_ok
              else "the log does not show the server becoming ready (no 'Application startup complete')")
     http = f"; HTTP answers: {t.http_ok} 2xx, {t.http_error} 5xx" if t.http_ok or t.http_error else ""
     out.append(f"Verdict: {VERDICT_WORDS[t.verdict]} (exit {t.exit_code}); {ready}{http}.")

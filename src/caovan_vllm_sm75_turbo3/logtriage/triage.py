@@ -14,14 +14,15 @@ from ..logformat import (ATTENTION_STATE, BANNER_MORE, GDN_STATE, HEADER_RE, STA
                          WORKER_LINE)
 from .reader import (LEARN_LINES, LearntPrefix, LogLine, clean, learn_prefix, line_pieces, numbered_lines, open_log,
                      strip_colours)
+from .evidence import Evidence
+from .judge import judge
 from .results import CaovanSummary, Failure, Finding, Triage
 from .shapes import Shape, Shapes
 from .signature import CONTEXT_LINES, Role, Rule, Signature
 from .signatures import BY_ID, SIGNATURES
-from .verdict import EndOfLog
-from .words import (_LOUD_LEVELS, _NEEDLES, _TRIGGERS, ACCESS, BLOCK_LINES, ERROR_WORDS, EXCEPTION, EXIT_HANDLERS, FRAME,
+from .words import (_LOUD_LEVELS, _NEEDLES, _TRIGGERS, ACCESS, BLOCK_LINES, ERROR_WORDS, EXCEPTION, FRAME,
                     KERNEL_LAUNCH, MAX_PROCESSES, MAX_STATES, MAX_STATUS_KEYS, MAX_TEXT, NOT_FAILURES, PHASE_FRAMES,
-                    PHASE_MARKERS, SHUTDOWN_MARKERS, VLLM_VERSION, fatal_signal, goes_on_traceback, stop_word)
+                    PHASE_MARKERS, SHUTDOWN_MARKERS, VLLM_VERSION, fatal_signal, goes_on_traceback)
 
 __all__ = ["CaovanSummary", "Failure", "Finding", "Triage", "triage_lines", "triage_path", "triage_stream"]
 
@@ -36,17 +37,12 @@ class _Hit:
     count: int = 1
 
 
-class _Reader(EndOfLog):
-    """The state of one pass over a log; everything it keeps is bounded."""
+class _Reader:
+    """One pass over a log: it reads lines, matches the known messages, and feeds the evidence
+    trackers (evidence.py); `finish` hands both to the judge (judge.py). Everything it keeps is bounded."""
 
     def __init__(self) -> None:
-        self.lines = 0
-        self.phase: str | None = None
-        self.vllm_version: str | None = None
-        self.ready_line: int | None = None
-        self.http_ok = 0
-        self.http_error = 0
-        self.caovan = CaovanSummary()
+        self.ev = Evidence()
         self.in_banner = False
         # Open tracebacks by process: lines of other processes may come between a traceback's lines.
         self.tracebacks: dict[str | None, str | None] = {}   # process -> phase pinned by its frames
@@ -56,25 +52,8 @@ class _Reader(EndOfLog):
         self.findings: dict[str, Finding] = {}
         self.pending: list[_Hit] = []
         self.frame_hits: dict[str | None, _Hit] = {}   # process -> a match in its open traceback's frames
-        self.first_unknown: tuple[LogLine, str] | None = None
-        self.shutdown_line: int | None = None   # where a requested shutdown of a server that was ready began
         self.needles: tuple[tuple[str, int], ...] = _NEEDLES   # those that may be in the current line
         self.prefix: LearntPrefix | None = None   # a prefix of no known form the log's head taught
-        # The first alarm of any kind not explained by a signature: an unknown exception, an
-        # AssertionError, a CRITICAL line, a fatal signal (with its phase), for a start that never got ready.
-        self.first_alarm: tuple[LogLine, str] | None = None
-        # The start rule (finish): the first evidence of an error (an ERROR/CRITICAL line, a traceback
-        # or a frame), and the first of the engine or server stopping (STOP_WORDS, a shutdown, a
-        # traceback logged by a process's exit handler), both before the server was ready.
-        self.first_error: LogLine | None = None
-        self.stop: tuple[int, str] | None = None
-        # Once the server was ready: the first sign of a crash (STOP_WORDS, a fatal signal) before any
-        # shutdown mark; a shutdown after it is the crash's, not one someone asked for.
-        self.crash: int | None = None
-        self._opened = 0   # the line that opened the latest traceback
-        # Shared-memory waits are judged per episode: from the first wait to what ends it.
-        self.wait_open = False
-        self.wait_outcome: dict[str, str] = {}   # "harmless"/"fatal" -> the deciding line, first seen
 
     # -- one line -------------------------------------------------------------------------------
     def read(self, lines: Iterable[tuple[int, bytes]]) -> None:
@@ -143,7 +122,7 @@ class _Reader(EndOfLog):
                 self.needles = shape.needles
                 self.feed(ln or self.clean(raw, number))
                 continue
-            self.lines = number
+            self.ev.lines = number
             if shape.marks:   # as `feed` notes them
                 self._note_marks(number)
             if shape.status is not None:
@@ -151,19 +130,24 @@ class _Reader(EndOfLog):
             self.recent.append(raw)   # cleaned only if something reads it (_recent)
 
     def feed(self, ln: LogLine) -> None:
-        self.lines = ln.number
+        ev = self.ev
+        ev.lines = ln.number
         text = ln.text
         self._resolve_pending(ln)
         self._track_phase(text)
         own_state = self._track_caovan(ln)
-        if self.vllm_version is None and ("version" in text) and (m := VLLM_VERSION.search(text)):
+        if ev.vllm_version is None and ("version" in text) and (m := VLLM_VERSION.search(text)):
             if "vLLM" in text or "\u2588" in text:   # the plain line or vLLM's logo
-                self.vllm_version = m.group("version")
+                ev.vllm_version = m.group("version")
         kind, tb_phase = self._track_traceback(ln)
-        if self.ready_line is None and (self.first_error is None or self.stop is None):
-            self._note_start_evidence(ln, kind)
-        elif self.ready_line is not None and self.crash is None and self.shutdown_line is None and stop_word(text):
-            self.crash = ln.number
+        serving = ev.serving.since is not None
+        if not serving:
+            if not ev.start.done:
+                ev.start.feed(ln, kind, ln.level in _LOUD_LEVELS)
+        elif not own_state:
+            ev.after.feed(ln, kind, ev.start.opened)
+        if "nvcc" in text or "ninja" in text or "CUDA_HOME" in text or "rror building" in text:
+            ev.build.feed(ln, ln.level in _LOUD_LEVELS)
         matched = own_state or self._match(ln, kind, tb_phase)
         if kind == "exception":
             frame_hit = self.frame_hits.pop(ln.process, None)
@@ -175,53 +159,36 @@ class _Reader(EndOfLog):
                 self._record(frame_hit.sig, frame_hit)
             elif not matched:
                 self._note_unknown_exception(ln, tb_phase)
-        elif not matched and self.first_alarm is None and not own_state and (
+        elif not matched and ev.first_alarm is None and not own_state and (
                 ln.level == "CRITICAL" or text.startswith("AssertionError") or fatal_signal(text)):
-            self.first_alarm = (ln, tb_phase or self.phase or "")
+            ev.first_alarm = (ln, tb_phase or ev.phase or "")
         self._track_http(ln)
-        if (self.shutdown_line is None and self.crash is None if self.ready_line is not None else self.stop is None) and any(
-                m in text for m in SHUTDOWN_MARKERS):
+        if any(m in text for m in SHUTDOWN_MARKERS):
             self._note_marks(ln.number)
         if "Application startup complete" in text:
-            self.ready_line = self.ready_line or ln.number
-            self._close_wait("harmless", ln)
+            ev.serving.ready_line = ev.serving.ready_line or ln.number
+            ev.waits.close("harmless", ln)
         elif "init engine (profile, create kv cache, warmup model) took" in text:
-            self._close_wait("harmless", ln)
+            ev.waits.close("harmless", ln)
         self.recent.append(text)
 
     def _note_marks(self, number: int) -> None:
-        """A shutdown's mark: asked for once the server was ready, the server stopping before."""
-        if self.ready_line is not None:
-            if self.crash is None:   # after a crash, the shutdown is the crash's
-                self.shutdown_line = self.shutdown_line or number
-        elif self.stop is None:
-            self.stop = (number, "a shutdown")
-
-    def _note_start_evidence(self, ln: LogLine, kind: str) -> None:
-        """Evidence for the start rule (see finish): an error, and the engine or server stopping."""
-        text = ln.text
-        if self.first_error is None and (ln.level in _LOUD_LEVELS or kind in ("traceback", "exception")) and (
-                text.strip(" ^~")):   # a caret line under a frame says nothing by itself
-            self.first_error = ln
-        if self.stop is None:
-            word = stop_word(text)
-            if word is None and kind == "traceback" and self._opened == ln.number:   # the traceback's first line
-                if ln.level == "ERROR" and (ln.source or "").startswith(EXIT_HANDLERS):
-                    word = f"a traceback logged by {ln.source.split(':')[0]}, whose process then ends"
-                elif ln.level is None:
-                    word = "a traceback Python printed for an uncaught exception, whose process then ends"
-            if word is not None:
-                self.stop = (ln.number, word)
+        """A shutdown's mark: asked for once the server served (unless a crash came first), the server
+        stopping before."""
+        if self.ev.serving.since is not None:
+            self.ev.after.shutdown(number)
+        else:
+            self.ev.start.shutdown(number)
 
     def _track_phase(self, text: str) -> None:
         for marker, phase in PHASE_MARKERS:
             if marker in text:
-                self.phase = phase
+                self.ev.phase = phase
 
     def _track_caovan(self, ln: LogLine) -> bool:
         """Summarise our own status lines; True for a per-process state line (not to be judged)."""
         text = ln.text
-        c = self.caovan
+        c = self.ev.caovan
         if self.in_banner:
             m = STATUS_LINE.match(text)
             if m is not None:
@@ -263,12 +230,12 @@ class _Reader(EndOfLog):
         if stripped.startswith("Traceback (most recent call last)"):
             if ln.process in self.tracebacks or len(self.tracebacks) < MAX_PROCESSES:
                 self.tracebacks[ln.process] = None
-                self._opened = ln.number
+                self.ev.start.opened = ln.number
             return "traceback", None
         if 'File "' in text and ln.process not in self.tracebacks and (m := FRAME.search(text)) is not None and (
                 len(self.tracebacks) < MAX_PROCESSES):   # frames without their header: an excerpt cut above it
             self.tracebacks[ln.process] = PHASE_FRAMES.get(m.group("func"))
-            self._opened = ln.number
+            self.ev.start.opened = ln.number
             return "traceback", self.tracebacks[ln.process]
         if ln.process in self.tracebacks:
             phase = self.tracebacks[ln.process]
@@ -290,12 +257,9 @@ class _Reader(EndOfLog):
 
     def _count_status(self, status: int, number: int, line: LogLine | bytes) -> None:
         """Count an access line's status; a 2xx ends a shared-memory wait (the line is cleaned then)."""
-        if 200 <= status < 300:
-            self.http_ok += 1
-            if self.wait_open:
-                self._close_wait("harmless", line if isinstance(line, LogLine) else self.clean(line, number))
-        elif status >= 500:
-            self.http_error += 1
+        self.ev.serving.status(status, number)
+        if 200 <= status < 300 and self.ev.waits.open:
+            self.ev.waits.close("harmless", line if isinstance(line, LogLine) else self.clean(line, number))
 
     def _recent(self) -> list[str]:
         """The last CONTEXT_LINES cleaned texts; lines that only counted are cleaned here, when read."""
@@ -311,14 +275,14 @@ class _Reader(EndOfLog):
             details = sig.matches(ln.text)
             if details is None or (sig.error_context and not kind):
                 continue
-            phase = (tb_phase or self.phase) if sig.fixes_by_phase or sig.id == "host-oom-kill" else None
+            phase = (tb_phase or self.ev.phase) if sig.fixes_by_phase or sig.id == "host-oom-kill" else None
             hit = _Hit(sig, ln, details, phase)
             if sig.id == "triton-shared-memory":
                 hit.details.update(self._kernel_name())
             if sig.rule is Rule.UNTIL_READY:
-                self.wait_open = True
+                self.ev.waits.open = True
             elif sig.rule is Rule.FATAL:
-                self._close_wait("fatal", ln)
+                self.ev.waits.close("fatal", ln)
             if kind == "traceback":
                 if ln.process not in self.frame_hits and len(self.frame_hits) < MAX_PROCESSES:
                     self.frame_hits[ln.process] = hit
@@ -359,9 +323,10 @@ class _Reader(EndOfLog):
 
     def _record(self, sig: Signature, hit: _Hit) -> None:
         f = self.findings.get(sig.id)
-        if f is None and self.shutdown_line is not None and sig.role is Role.CONSEQUENCE:
+        shutdown = self.ev.after.shutdown_line
+        if f is None and shutdown is not None and sig.role is Role.CONSEQUENCE:
             # the engine "died" because it was stopped: harmless, and said so
-            sig_status, note = "harmless", f"after the shutdown that began at line {self.shutdown_line}"
+            sig_status, note = "harmless", f"after the shutdown that began at line {shutdown}"
         else:
             sig_status, note = "fatal" if sig.rule is Rule.UNTIL_READY else sig.rule.value, ""   # decided in finish()
         if f is None:
@@ -374,17 +339,28 @@ class _Reader(EndOfLog):
         f.last_line = max(f.last_line, hit.line.number)
         f.count += hit.count
 
-    def _close_wait(self, outcome: str, ln: LogLine) -> None:
-        if self.wait_open:
-            self.wait_open = False
-            self.wait_outcome.setdefault(outcome, f"line {ln.number}: {ln.text[:120]}")
-
     def _note_unknown_exception(self, ln: LogLine, tb_phase: str | None) -> None:
-        if self.shutdown_line is not None:   # what a requested shutdown breaks is no failure
+        ev = self.ev
+        if ev.after.shutdown_line is not None:   # what a requested shutdown breaks is no failure
             return
-        if self.first_unknown is None and not any(n in ln.text for n in NOT_FAILURES):
-            self.first_unknown = (ln, tb_phase or self.phase or "")
-            self.first_alarm = self.first_alarm or self.first_unknown
+        if ev.first_unknown is None and not any(n in ln.text for n in NOT_FAILURES):
+            ev.first_unknown = (ln, tb_phase or ev.phase or "")
+            ev.first_alarm = ev.first_alarm or ev.first_unknown
+
+
+    def finish(self, source: str) -> Triage:
+        """The result of the pass: the matches still open recorded (tracebacks the log cut off before
+        their exception line, deferred ones), then the judge's verdict on the evidence."""
+        for hit in self.frame_hits.values():
+            self._record(hit.sig, hit)
+        for p in list(self.pending):
+            self.pending.remove(p)
+            self._record(BY_ID[p.sig.otherwise or p.sig.id], p)
+        ev = self.ev
+        ev.cut_in_traceback = bool(self.tracebacks)
+        findings, first = judge(ev, self.findings)
+        return Triage(source, ev.lines, ev.vllm_version, ev.serving.ready_line, ev.serving.http_ok,
+                      ev.serving.http_error, ev.caovan, first, findings)
 
 
 def triage_lines(lines: Iterable[LogLine], source: str = "-") -> Triage:

@@ -35,13 +35,18 @@ _NEEDLES: tuple[tuple[str, int], ...] = tuple((n, i) for i, sig in enumerate(SIG
 
 # Words that show the engine or the server stopping (vLLM 0.x-0.34, the launchers around it): with an
 # error before the server was ready, they make the start FATAL; an error without them, UNDECIDED.
+# "Error executing method": vLLM's worker_base.py logs it, then raises, so the call (and a start
+# waiting on it) fails; a Ray worker's excerpt often ends right there.
 STOP_WORDS = ("EngineCore failed to start", "Engine core initialization failed", "EngineDeadError",
               "Got fatal signal", "WorkerProc was terminated", "WorkerProc failed to start",
-              "died unexpectedly", "Startup failed", "START FAILED", "Failed core proc")
+              "died unexpectedly", "Startup failed", "START FAILED", "Failed core proc", "Error executing method")
 # vLLM's handlers that log a process's exception (logger.exception, at ERROR) just before that process
 # ends: EngineCore's run_engine_core (v1/engine/core.py; V0's engine/multiprocessing too) and the
 # workers' worker_main (v1/executor/multiproc_executor.py). A traceback they log is a process stopping.
 EXIT_HANDLERS = ("core.py:", "multiproc_executor.py:")
+# vLLM's code that logs an ERROR and then raises, so what waits on it fails: worker_base.py's
+# execute_method ("Error executing method ... This might cause deadlock in distributed execution").
+RAISING_LOGGERS = ("worker_base.py:",)
 # The phases a start passes before it is ready: a log that ends in one, with no error, is undecided.
 START_PHASES = ("load", "profile", "kv-cache", "graph-capture", "warmup")
 
@@ -67,7 +72,10 @@ _TRIGGERS: tuple[str, ...] = tuple(dict.fromkeys((
         # that holds no other (shapes.Shapes.find), so these stand in for the needles that hold them.
         # Speed only: a line holding one is read in full, which changes nothing `feed` does.
         "sampling", "capability", "nccl", "WorkerProc", "is larger than the", "support", "quantization",
-        "nvcc", "SIG", "signal", "died ", "Loading "))))
+        "nvcc", "SIG", "signal", "died ", "Loading ",
+        # the judge's evidence (evidence.py): crash signs after serving, JIT builds
+        "illegal memory access", "device-side assert", "unspecified launch failure", "ProcessGroupNCCL",
+        "atchdog", "ninja", "CUDA_HOME", "rror building"))))
 # The levels that make `feed` do more than count a line holding none of _TRIGGERS: a CRITICAL line
 # is an alarm, an ERROR line the evidence of an error (the start rule). A WARNING line matters only
 # through its words (an error-context needle).
