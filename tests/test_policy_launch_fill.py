@@ -20,6 +20,7 @@ from caovan_vllm_sm75_turbo3.runtime.facts import Facts
 from caovan_vllm_sm75_turbo3.runtime.model import model_shape, read_model
 
 QWEN = EXAMPLES / "models" / "qwen3.6-27b-awq"
+ROOT_DIR = EXAMPLES.parent
 TABLE = load_table()
 # The field launch line (docs/design.md / issue 3), the flags a profile can fill.
 FIELD = {"--tensor-parallel-size": "2", "--dtype": "half", "--max-model-len": "262144", "--max-num-seqs": "2",
@@ -371,3 +372,32 @@ def test_a_proven_fix_lets_the_profile_fill_both_and_says_so(monkeypatch):
     other = filled(fill_launch(pinned_facts("0.23.0"), model, "auto", read_vllm_args([model.path]), TABLE,
                                fixes=("mtp-prefix-cache-wrong-output",)))
     assert "--no-enable-prefix-caching" in other
+
+
+def test_full_graphs_with_mtp_only_where_the_engine_check_proved_them():
+    """data/engine_proofs.json: vLLM 0.24, our attention backend, fp16 (auto) KV. Elsewhere PIECEWISE,
+    with the reason; a user's FULL request is warned about only where no proof holds."""
+    from caovan_vllm_sm75_turbo3.policy.engine_proofs import MTP_FULL_GRAPHS, load_proofs, proof_for
+
+    proof = next(p for p in load_proofs() if p.id == MTP_FULL_GRAPHS)
+    assert (ROOT_DIR / proof.results).is_dir()   # the raw results it rests on are committed
+    assert proof_for(MTP_FULL_GRAPHS, "0.24.0", "CUSTOM", None) == proof
+    assert proof_for(MTP_FULL_GRAPHS, "0.24.0", "CUSTOM", "fp8") is None
+    assert proof_for(MTP_FULL_GRAPHS, "0.21.0", "CUSTOM", None) is None
+    assert proof_for(MTP_FULL_GRAPHS, "0.24.1", "custom", "auto") == proof
+
+    def mode(vllm: str, *user: str) -> tuple[str, str]:
+        r = fill(pinned_facts(vllm), *user)
+        arg = next(a for a in r.args if a.flag == "--compilation-config")
+        return json.loads(arg.value)["cudagraph_mode"], arg.reason
+
+    got, why = mode("0.24.0", "--kv-cache-dtype", "auto", "--attention-backend", "CUSTOM")
+    assert got == "FULL_AND_PIECEWISE" and "proved exact" in why and proof.results in why
+    got, why = mode("0.24.0")   # the profile's fp8 KV: not proved
+    assert got == "PIECEWISE" and "has not proved" in why and "KV fp8" in why
+    assert mode("0.21.0")[0] == "PIECEWISE"
+    warned = fill(pinned_facts("0.21.0"), "--compilation-config", '{"cudagraph_mode":"FULL_AND_PIECEWISE"}')
+    assert any("FULL CUDA graphs with MTP" in w for w in warned.warnings)
+    quiet = fill(pinned_facts("0.24.0"), "--kv-cache-dtype", "auto", "--attention-backend", "CUSTOM",
+                 "--compilation-config", '{"cudagraph_mode":"FULL_AND_PIECEWISE"}')
+    assert not any("FULL CUDA graphs with MTP" in w for w in quiet.warnings)

@@ -9,6 +9,7 @@ from .. import safe_json
 from ..runtime.model import ModelFacts, ModelShape
 from .fill_base import COMPILATION, Filler
 from .profiles import Family, Profile
+from .engine_proofs import MTP_FULL_GRAPHS, proof_for
 from .upstream_bugs import UpstreamBug, bugs_for
 
 MAX_CAPTURE_TOKENS = 512
@@ -88,20 +89,41 @@ def fill_speculative(f: Filler, profile: Profile, shape: ModelShape, model: Mode
     return want
 
 
-def fill_cuda_graphs(f: Filler, launch: dict[str, Any], shape: ModelShape, draft: int, seqs: int) -> None:
-    """CUDA graphs: PIECEWISE with MTP on hybrid models, sized for `seqs` x (1 + `draft`) tokens."""
+def _effective(f: Filler, flag: str) -> str | None:
+    """The flag's value in this launch: the user's, else the one filled."""
+    given = f.user_value(flag)
+    if isinstance(given, str):
+        return given
+    return next((a.value for a in f.args if a.flag == flag), None)
+
+
+def fill_cuda_graphs(f: Filler, launch: dict[str, Any], shape: ModelShape, draft: int, seqs: int,
+                     version: str | None = None) -> None:
+    """CUDA graphs with MTP on hybrid models, sized for `seqs` x (1 + `draft`) tokens: FULL_AND_PIECEWISE
+    where our engine check proved it exact for this release, attention backend and KV dtype
+    (data/engine_proofs.json), else the profile's PIECEWISE (the field saw FULL garble output)."""
     if not (draft and shape.is_hybrid):
         return
     if f.user_value("--enforce-eager") is True:
         f.lines.append("cuda graphs: none (--enforce-eager given), so no compilation config is filled")
         return
-    mode = launch.get("cudagraph_mode", "PIECEWISE")
+    backend, kv = _effective(f, "--attention-backend"), _effective(f, "--kv-cache-dtype")
+    proof = proof_for(MTP_FULL_GRAPHS, version, backend, kv)
     if f.given(COMPILATION):
         raw = json.dumps(f.user.flags.get(COMPILATION, "")) + " ".join(
             f"{k} {v}" for k, v in f.user.flags.items() if k.startswith(COMPILATION + "."))
-        if "FULL" in raw.upper():
+        if "FULL" in raw.upper() and proof is None:
             f.warnings.append("your compilation config asks FULL CUDA graphs with MTP on a hybrid GDN model: "
-                              "that corrupts output; use cudagraph_mode PIECEWISE")
+                              "that garbled output in the field, and our engine check has not proved it for "
+                              f"vLLM {version} with attention {backend or 'auto'} and KV {kv or 'auto'}; use "
+                              "cudagraph_mode PIECEWISE")
+    if proof is not None:
+        mode = "FULL_AND_PIECEWISE"
+        why = (f"FULL CUDA graphs with MTP proved exact by our engine check for vLLM {proof.release}, attention "
+               f"{proof.attention_backend}, KV {proof.kv_cache_dtype} ({proof.date}, {proof.results})")
+    else:
+        mode = launch.get("cudagraph_mode", "PIECEWISE")
+        why = (f"FULL CUDA graphs with MTP garbled hybrid GDN models in the field, and our engine check has not "
+               f"proved them for vLLM {version}, attention {backend or 'auto'}, KV {kv or 'auto'}: {mode}")
     f.fill(COMPILATION, {"cudagraph_mode": mode, "cudagraph_capture_sizes": capture_sizes(seqs, draft)},
-           f"FULL CUDA graphs with MTP corrupt output on hybrid GDN models: {mode}, graphs for "
-           f"{seqs} sequence(s) x (1 + {draft}) tokens")
+           f"{why}, graphs for {seqs} sequence(s) x (1 + {draft}) tokens")

@@ -116,7 +116,7 @@ def fill_launch(facts: Facts, model: ModelFacts | None, profile_setting: str, ar
     prefix_on = _fill_prefix_caching(f, launch, shape, version, hazard if draft else None)
     _say_fixed(f, shape, draft, prefix_on, version, fixes)
     _warn_upstream_bugs(f, shape, draft, prefix_on, version, fixes)
-    fill_cuda_graphs(f, launch, shape, draft, seqs)
+    fill_cuda_graphs(f, launch, shape, draft, seqs, version)
     _fill_all_reduce(f, launch, tp, profile.name)
     _fill_extra_args(f, launch, profile.name)
     return LaunchFill(profile.name, tuple(f.args), tuple(f.lines), tuple(f.warnings), memory, setup, tuple(f.failures))

@@ -1,0 +1,45 @@
+"""What our in-engine check proved (data/engine_proofs.json), by vLLM release, attention backend and
+KV cache dtype: the launch profile fills a combination the field warns about only where a proof
+holds. Pure."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import resources
+
+from ..versions import minor_key
+
+MTP_FULL_GRAPHS = "mtp-full-cudagraphs"
+
+
+@dataclass(frozen=True)
+class Proof:
+    """One combination the engine check proved, where, and what it showed."""
+
+    id: str
+    release: str             # major.minor
+    attention_backend: str   # vLLM's name (CUSTOM: ours)
+    kv_cache_dtype: str      # auto: the model's dtype
+    result: str
+    card: str
+    date: str
+    results: str             # the committed raw results
+
+    def holds_for(self, version: str | None, backend: str | None, kv: str | None) -> bool:
+        try:
+            same_release = bool(version) and minor_key(version or "") == minor_key(self.release)
+        except ValueError:
+            return False
+        return same_release and (backend or "").upper() == self.attention_backend and (kv or "auto") == self.kv_cache_dtype
+
+
+def load_proofs() -> tuple[Proof, ...]:
+    """The table shipped with the package."""
+    data = json.loads(resources.files("caovan_vllm_sm75_turbo3").joinpath("data", "engine_proofs.json").read_text())
+    return tuple(Proof(**p) for p in data["proofs"])
+
+
+def proof_for(what: str, version: str | None, backend: str | None, kv: str | None) -> Proof | None:
+    """The proof of `what` for this release, backend and KV dtype, if the engine check made one."""
+    return next((p for p in load_proofs() if p.id == what and p.holds_for(version, backend, kv)), None)
