@@ -76,7 +76,8 @@ HARNESS = textwrap.dedent("""
         from vllm.model_executor.layers.mamba import gdn_linear_attn as gdn
         from vllm.model_executor.custom_op import op_registry_oot
         out["ours_registered"] = sum(1 for c in op_registry_oot.values() if hasattr(c, "_caovan_interface"))
-        out["hooks_left"] = sum(1 for f in sys.meta_path if type(f).__name__ == "AfterImport")
+        out["hooks_left"] = sum(1 for f in sys.meta_path if type(f).__name__ == "AfterImport"
+                                and "gdn" in f.module)   # the GDN layer's hook (not the cache fix's)
         try:
             layer = gdn.GatedDeltaNetAttention(mc.hf_text_config, cfg, prefix="model.layers.0.linear_attn")
             second = gdn.GatedDeltaNetAttention(mc.hf_text_config, cfg, prefix="model.layers.1.linear_attn")

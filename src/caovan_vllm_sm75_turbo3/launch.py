@@ -30,7 +30,8 @@ from .policy.vllm_args import LaunchNumbers, VllmArgs, check_launch_args, read_v
 from .runtime import flashinfer_probe as fp
 from .runtime.config_file import expand_config_file
 from .runtime.facts import Facts
-from .runtime.model import ModelFacts, model_shape, read_model
+from .runtime.model import ModelFacts, model_shape, read_model_arg
+from .textsafe import shown
 from .runtime.node import node_name
 from .runtime.probe import load_facts
 
@@ -106,10 +107,11 @@ def plan_launch(env: Mapping[str, str], args: VllmArgs, cli: Mapping[str, Any] |
     state = _cache_state(keydir) if keydir else None
     checked = check_launch_args(args, len(facts.gpus)) if fill_args else None
     refused = checked.refusal() if checked else None
-    model = read_model(args.model) if args.model and settings.active and not refused and (
-        decision is None or fill_args) else None
+    model = read_model_arg(args.model, env, _str(args.value("--revision")), _str(args.value("--download-dir"))) if (
+        args.model and settings.active and not refused and (decision is None or fill_args)) else None
     if decision is None:
-        decision = decide(settings, facts, model_shape(model.config) if model else None, given_kv_cache_dtype(args))
+        decision = decide(settings, facts, model_shape(model.config) if model else None, given_kv_cache_dtype(args),
+                          model_unknown=unread_model(args.model, model))
     fill = (_profile_fill(decision, args, checked.numbers, model)
             if checked and not refused and settings.active else None)
     filled = [FilledArg(a.flag, a.value, a.reason) for a in fill.args] if fill else []
@@ -156,6 +158,21 @@ def _sampler_probe(env: Mapping[str, str], plan: Plan, decision: Decision, keydi
             if keydir:
                 fp.store(keydir.path, result)
     return result
+
+
+def _str(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def unread_model(name: str | None, model: ModelFacts | None) -> str | None:
+    """Why the model's config could not be read here, in words (None: it was)."""
+    if model is not None and model.config is not None:
+        return None
+    if not name:
+        return "no model named"
+    return f"the model {shown(name, 120)} is {model.found if model else 'not read'}" if (
+        model is None or model.found.startswith(("not ", "neither", "a GGUF"))) else (
+        f"the config.json of {shown(name, 120)} ({model.found}) could not be read")
 
 
 def _profile_fill(decision: Decision, args: VllmArgs, numbers: LaunchNumbers, model: ModelFacts | None) -> LaunchFill:

@@ -13,7 +13,7 @@ from ..errors import CaovanError
 from ..policy.banner import header
 from ..policy.checks import CheckResult, Status, rollup, run_checks, sm75_line
 from ..runtime.facts import Facts
-from ..runtime.model import ModelFacts, read_model
+from ..runtime.model import ModelFacts, read_model_arg
 from ..runtime.probe import load_facts
 from ..runtime.ray_cluster import RayCluster, read_cluster
 from ..textsafe import redact_tree, safe
@@ -114,7 +114,7 @@ def main(argv: Sequence[str]) -> int:
         return triage_log(args)
     settings = load_settings(os.environ, None, {"facts": args.facts})
     facts = load_facts(settings.facts)
-    model = read_model(args.model) if args.model else None
+    model = read_model_arg(args.model, os.environ) if args.model else None
     results = run_checks(facts, model)
     cluster = read_cluster(args.ray) if args.ray else None
     if args.json:

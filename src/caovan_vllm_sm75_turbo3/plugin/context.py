@@ -22,11 +22,11 @@ from typing import Any
 
 from ..config import Settings, load_settings
 from ..errors import CaovanError
-from ..launch import given_kv_cache_dtype, read_args
+from ..launch import given_kv_cache_dtype, read_args, unread_model
 from ..policy.decision import Decision, decide
 from ..policy.vllm_args import VllmArgs, serve_args
 from ..runtime.facts import Facts
-from ..runtime.model import ModelShape, model_shape, read_model
+from ..runtime.model import ModelShape, model_shape, read_model_arg
 from ..runtime.probe import dist_version, load_facts, vllm_version
 from .vllm_source import VllmSource, vllm_source
 
@@ -81,21 +81,33 @@ class ProcessContext:
             self._facts = facts
         return self._facts
 
-    def _shape(self) -> ModelShape | None:
-        """The served model's shape from its local config.json (None: not a local directory or unreadable)."""
+    def _model(self) -> tuple[ModelShape | None, str | None]:
+        """The served model's shape, and why it is unknown (None: known). From the config vLLM loaded
+        where this process holds one (an engine core, a worker), else read as vLLM finds the model."""
         model = self.source.model if self.source is not None else self.args.model
-        if not model or not self.settings.active:
-            return None
+        if not self.settings.active:
+            return None, None
+        if self.source is not None and self.source.hf_config is not None:
+            return model_shape(self.source.hf_config), None
+        if not model:
+            return None, None
+        args = self.args if self.source is None else None
         try:
-            facts = read_model(model)
+            facts = read_model_arg(model, self.env, *(_arg(args, f) for f in ("--revision", "--download-dir")))
         except CaovanError:   # the launcher names a bad model file; here it is only unknown
-            return None
-        return model_shape(facts.config)
+            return None, f"the config.json of {model} could not be read"
+        return model_shape(facts.config), unread_model(model, facts)
 
     @property
     def decision(self) -> Decision:
         """The one decision of this process (policy.decision.decide), made on first use."""
         if self._decision is None:
             kv = self.source.kv_cache_dtype if self.source is not None else given_kv_cache_dtype(self.args)
-            self._decision = decide(self.settings, self.facts, self._shape(), kv)
+            shape, unknown = self._model()
+            self._decision = decide(self.settings, self.facts, shape, kv, model_unknown=unknown)
         return self._decision
+
+
+def _arg(args: VllmArgs | None, flag: str) -> str | None:
+    value = args.value(flag) if args is not None else None
+    return value if isinstance(value, str) else None

@@ -30,6 +30,7 @@ class VllmSource:
     additional_config: Mapping[str, Any] = field(default_factory=dict)
     model: str | None = None
     kv_cache_dtype: str | None = None
+    hf_config: Mapping[str, Any] | None = None   # the model config vLLM loaded (a VllmConfig holds it)
 
 
 def _from_engine_args(obj: Any) -> VllmSource | None:
@@ -48,7 +49,17 @@ def _from_vllm_config(obj: Any) -> VllmSource | None:
     model = getattr(getattr(obj, "model_config", None), "model", None)
     kv = getattr(getattr(obj, "cache_config", None), "cache_dtype", None)
     return VllmSource("VllmConfig", dict(config), model if isinstance(model, str) else None,
-                      kv if isinstance(kv, str) else None)
+                      kv if isinstance(kv, str) else None, _hf_config(obj))
+
+
+def _hf_config(obj: Any) -> Mapping[str, Any] | None:
+    """The loaded model config as a plain dict (transformers' PretrainedConfig.to_dict), or None."""
+    to_dict = getattr(getattr(getattr(obj, "model_config", None), "hf_config", None), "to_dict", None)
+    try:
+        got = to_dict() if callable(to_dict) else None
+    except Exception:   # a config class of its own kind: the shape stays unknown here
+        return None
+    return got if isinstance(got, dict) else None
 
 
 def source_in_frames(frame: FrameType | None) -> VllmSource | None:

@@ -67,13 +67,37 @@ def gdn_state(facts: Facts, settings: Settings, release: vv.Release, turbo: Turb
         "our prefill replaces ChunkGatedDeltaRule",), turbo)
 
 
+AT_MODEL_LOAD = "at-model-load"   # the `gdn_legacy=` and `turbo3=` value for a model not readable here
+
+
 @dataclass(frozen=True)
 class Turbo3:
-    """Whether the model's hot Triton paths get tensor cores (`turbo3=active`): which do, or why none."""
+    """Whether the model's hot Triton paths get tensor cores (`turbo3=active`): which do, or why none.
+    `pending`: the model could not be read here, so each vLLM process decides from its real config."""
 
     active: bool
     paths: tuple[str, ...]      # what gets tensor cores, in words
     reasons: tuple[str, ...]    # why each hot path does not, when none does
+    pending: bool = False
+
+    @property
+    def line(self) -> str:
+        """The `turbo3=` value."""
+        return AT_MODEL_LOAD if self.pending else "active" if self.active else "inactive"
+
+
+def at_model_load(gdn: GdnState, t3: Turbo3, why: str) -> tuple[GdnState, Turbo3]:
+    """gdn_legacy= and turbo3= for a model whose config is not readable here (`why`): what hangs on the
+    model (our GDN prefill, any accelerated path) is decided when vLLM loads it, so neither line says
+    active and require-turbo3 does not refuse here; the user's switch, a missing SM75 GPU or an
+    unsupported release stay as they are. Our GDN dispatch stays armed: it attaches only where vLLM
+    builds a GDN layer, and logs its own state there."""
+    if gdn.active:   # still active: the dispatch attaches only where vLLM builds a GDN layer, and checks there
+        gdn = GdnState(AT_MODEL_LOAD, True, (f"{why}: each vLLM process decides from the model's real config",),
+                       gdn.turbo)
+    if t3.active:
+        t3 = Turbo3(False, (), (why,), pending=True)
+    return gdn, t3
 
 
 def turbo3_state(facts: Facts, settings: Settings, gdn: GdnState, attention: AttentionState,

@@ -15,7 +15,7 @@ from ..config import Settings
 from ..runtime.facts import Facts
 from ..runtime.model import ModelShape
 from . import vllm_versions as vv
-from .accel import GdnState, Turbo3, gdn_state, turbo3_state
+from .accel import GdnState, Turbo3, at_model_load, gdn_state, turbo3_state
 from .attention import AttentionState, attention_state
 from .turbo import TurboDecision, decide_turbo
 from .upstream_bugs import plugin_fixes
@@ -36,6 +36,7 @@ class Decision:
     shape: ModelShape | None = None
     kv_cache_dtype: str | None = None
     fixes: tuple[str, ...] = ()   # upstream bugs our plugin fixes inside this vLLM (data/upstream_bugs.json)
+    model_unknown: str | None = None   # why the model's config could not be read here (None: read, or none named)
 
     @property
     def active(self) -> bool:
@@ -52,18 +53,23 @@ class Decision:
         `turbo3=` follows the cache format; the Turbo, GDN and attention decisions stay as they are."""
         if kv_cache_dtype == self.kv_cache_dtype:
             return self
+        if self.turbo3.pending:   # decided where the model is read, whatever the cache format
+            return replace(self, kv_cache_dtype=kv_cache_dtype)
         return replace(self, kv_cache_dtype=kv_cache_dtype,
                        turbo3=turbo3_state(self.facts, self.settings, self.gdn, self.attention, self.shape,
                                            kv_cache_dtype))
 
 
 def decide(settings: Settings, facts: Facts, shape: ModelShape | None = None,
-           kv_cache_dtype: str | None = None) -> Decision:
+           kv_cache_dtype: str | None = None, model_unknown: str | None = None) -> Decision:
     """Decide everything for these settings and facts (see the module docstring)."""
     release = vv.release(facts.versions.vllm)
     turbo = decide_turbo(facts, settings, facts.versions.triton)
     gdn = gdn_state(facts, settings, release, turbo, shape)
     attention = attention_state(facts, settings, release, turbo)
     t3 = turbo3_state(facts, settings, gdn, attention, shape, kv_cache_dtype)
+    if shape is None and model_unknown:
+        gdn, t3 = at_model_load(gdn, t3, model_unknown)
     fixes = tuple(b.id for b in plugin_fixes(facts.versions.vllm)) if settings.active else ()
-    return Decision(settings, facts, release, turbo, gdn, attention, t3, shape, kv_cache_dtype, fixes)
+    return Decision(settings, facts, release, turbo, gdn, attention, t3, shape, kv_cache_dtype, fixes,
+                    model_unknown if shape is None else None)

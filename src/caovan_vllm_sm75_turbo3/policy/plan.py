@@ -115,6 +115,10 @@ def _turbo3_notes(decision: Decision, notes: list[str], filled: bool) -> str | N
     refusal = None
     if t3.active:
         notes.append("turbo3=active: " + "; ".join(t3.paths))
+    elif t3.pending:
+        notes.append(f"gdn_legacy= and turbo3= are decided when vLLM loads the model ({'; '.join(t3.reasons)}): "
+                     "the plugin decides in each vLLM process from the model's real config"
+                     + (", and require-turbo3 refuses there" if settings.require_turbo3 else ""))
     elif settings.require_turbo3:
         refusal = _turbo3_refusal(settings, t3)
     elif facts.sm75_count and settings.mode == "auto":
@@ -166,7 +170,7 @@ def make_plan(decision: Decision, env: Mapping[str, str], args: VllmArgs,
     for r in results:
         warnings += r.warnings
     status.update(flashinfer_sampler=sampler_line, post_start_warmup=POST_START_WARMUP,
-                  gdn_legacy=gdn.line, turbo=gdn.turbo.line, turbo3="active" if t3.active else "inactive",
+                  gdn_legacy=gdn.line, turbo=gdn.turbo.line, turbo3=t3.line,
                   mode=settings.mode, vllm=facts.versions.vllm or "none")
     if cache is not None and facts.sm75_count and settings.cache_isolation:
         status["cache_key"] = cache.path

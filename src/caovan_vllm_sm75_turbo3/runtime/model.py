@@ -7,6 +7,7 @@ import errno
 import math
 import os
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 from .. import safe_json
 from ..errors import ModelError
 from ..textsafe import shown
+from .model_source import find_model
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 INDEX_FILE = "model.safetensors.index.json"
@@ -47,6 +49,7 @@ class ModelFacts:
     weight_names: int | None = None      # how many weight names we could read; None: unreadable
     mtp_weights: int | None = None       # of those, how many belong to the MTP head (mtp.*)
     notes: list[str] = field(default_factory=list)
+    found: str = "a local folder"        # where the files were found (runtime/model_source.py), in words
 
     @property
     def size_bytes(self) -> int | None:
@@ -91,6 +94,20 @@ def read_model(path: str) -> ModelFacts:
             _check_numbers(data["text_config"], _CONFIG_RANGES, cfg, "text_config.")
         facts.config = data
     _read_weight_names(p, shards, facts)
+    return facts
+
+
+def read_model_arg(name: str, env: Mapping[str, str], revision: str | None = None,
+                   download_dir: str | None = None) -> ModelFacts:
+    """read_model for vLLM's model argument as vLLM finds it (a local folder, the Hugging Face or
+    ModelScope cache, a GGUF file: runtime/model_source.py), without downloading anything."""
+    src = find_model(name, env, revision, download_dir)
+    if src.folder is None:
+        return ModelFacts(path=name, is_dir=False, notes=[f"{shown(name, 120)}: {src.how}"], found=src.how)
+    facts = read_model(str(src.folder))
+    facts.found = src.how
+    if src.folder != Path(name).expanduser():
+        facts.notes.insert(0, f"{shown(name, 120)} found in {src.how}")
     return facts
 
 
