@@ -276,3 +276,25 @@ def test_a_derived_profile_cannot_claim_measured_numbers():
     data["profiles"][2]["expected"] = copy.deepcopy(data["profiles"][0]["expected"])
     with pytest.raises(ProfileTableError, match="only a field-report profile"):
         parse_table(data, "crafted")
+
+
+def test_the_documented_minimums_are_the_profiles_own_and_pass_our_checks():
+    """docs/profiles.md's table names each bundled profile with its GPUs, host memory and vLLM range
+    as the data holds them; and our host-memory check passes a host at that minimum (one threshold:
+    policy/checks.py HOST_MEMORY_FAIL_GIB)."""
+    import re
+    from pathlib import Path
+
+    from caovan_vllm_sm75_turbo3.policy.checks import HOST_MEMORY_FAIL_GIB
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "profiles.md").read_text()
+    rows = dict(re.findall(r"^\| `([\w.+-]+)` \| (\d+ × \w+, ≥ \d+ GiB, [^|]+?) \|", page, re.M))
+    table = load_table()
+    assert set(rows) == {p.name for p in table.profiles}
+    for p in table.profiles:
+        m = p.match
+        lo, hi = m.vllm_min, m.vllm_max
+        span = lo if lo == hi else f"{lo}-{hi}"
+        assert rows[p.name].startswith(f"{m.gpu_count} × {m.gpu_class}, ≥ {m.host_min_gib:g} GiB, "), p.name
+        assert rows[p.name].endswith(span), (p.name, rows[p.name], span)
+        assert m.host_min_gib >= HOST_MEMORY_FAIL_GIB, p.name

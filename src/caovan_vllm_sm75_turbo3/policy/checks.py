@@ -141,6 +141,13 @@ def check_toolchain(f: Facts) -> CheckResult:
     return CheckResult("toolchain", Status.PASS, ", ".join(parts))
 
 
+# Host memory below which a start fails our check (model load and JIT were OOM-killed there), and
+# below which it warns. A launch profile's documented minimum may not be below the first
+# (policy/profile_validate.py holds every bundled profile to it).
+HOST_MEMORY_FAIL_GIB = 32
+HOST_MEMORY_WARN_GIB = 64
+
+
 def check_host_memory(f: Facts) -> CheckResult:
     total = f.host.memory_total_mib
     if total is None:
@@ -148,11 +155,11 @@ def check_host_memory(f: Facts) -> CheckResult:
     avail = f.host.memory_available_mib
     detail = f"{total / _GIB:.0f} GiB total, " + ("available unknown" if avail is None else
                                                    f"{avail / _GIB:.0f} GiB available")
-    if total < 32 * _GIB:
-        return CheckResult("host-memory", Status.FAIL, detail + " (< 32 GiB)",
-                           "model load and JIT have been OOM-killed below 32 GiB: add RAM or swap")
-    if total < 64 * _GIB:
-        return CheckResult("host-memory", Status.WARN, detail + " (< 64 GiB)",
+    if total < HOST_MEMORY_FAIL_GIB * _GIB:
+        return CheckResult("host-memory", Status.FAIL, detail + f" (< {HOST_MEMORY_FAIL_GIB} GiB)",
+                           f"model load and JIT have been OOM-killed below {HOST_MEMORY_FAIL_GIB} GiB: add RAM or swap")
+    if total < HOST_MEMORY_WARN_GIB * _GIB:
+        return CheckResult("host-memory", Status.WARN, detail + f" (< {HOST_MEMORY_WARN_GIB} GiB)",
                            "keep other programs closed during load; add swap as a cushion")
     return CheckResult("host-memory", Status.PASS, detail)
 

@@ -20,6 +20,8 @@ from ..runtime.facts import Facts, GpuFact, HostFacts, Versions
 from ..runtime.model import ModelFacts
 from . import vllm_versions as vv
 from .attention import fp8_kv_on_sm75
+from .check_result import Status
+from .checks import check_host_memory
 from .fill_base import ProfileArg
 from .launch_fill import fill_launch
 from .profiles import Profile, ProfileTable, overlapping
@@ -111,7 +113,7 @@ def without_mtp(model: ModelFacts) -> ModelFacts:
 def validate_table(table: ProfileTable, flag_table: Mapping[str, Any],
                    models: Mapping[str, Sequence[ModelFacts]]) -> list[Problem]:
     """Every problem with `table`: overlapping profiles, releases without an argument table,
-    and arguments a claimed release would refuse. `models` gives example model directories
+    arguments a claimed release would refuse, and a documented minimum our own checks refuse. `models` gives example model directories
     per family (each is also checked without its MTP weights)."""
     problems = [Problem(f"{a} / {b}", None, "both match one setup (contradictory profiles: narrow a "
                         "vLLM range, host memory range or GPU class)") for a, b in overlapping(table)]
@@ -130,6 +132,10 @@ def validate_table(table: ProfileTable, flag_table: Mapping[str, Any],
                 continue
             version = f"{mm}.0"
             facts = example_facts(table, profile, version)
+            host = check_host_memory(facts)
+            if host.status is Status.FAIL:
+                problems.append(Problem(profile.name, mm, f"our own check refuses its documented minimum: "
+                                        f"host-memory=FAIL ({host.detail})"))
             for model in [m for ex in examples for m in (ex, without_mtp(ex))]:
                 fill = fill_launch(facts, model, "auto", read_vllm_args([model.path]), table)
                 if fill.profile != profile.name:
