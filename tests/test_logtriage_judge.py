@@ -203,3 +203,27 @@ def test_the_docs_hold_the_rules_table_as_generated():
     page = (ROOT / "docs" / "logtriage.md").read_text()
     start, end = "<!-- judge-rules:start -->\n", "\n<!-- judge-rules:end -->"
     assert page[page.index(start) + len(start):page.index(end)] == judge_mod.rules_markdown()
+
+
+def test_no_advice_for_what_the_log_shows_already_applied():
+    gdn_off = ("INFO 12-05 02:38:03 [register.py:96] Caovan vLLM SM75 Turbo3 external plugin v0.6.0\n"
+               "INFO 12-05 02:38:03 [register.py:96] runtime=PASS\n"
+               "INFO 12-05 02:38:03 [register.py:96] gdn_legacy=disabled-by-user\n"
+               "(EngineCore_DP0 pid=9) ERROR 12-05 02:39:00 [core.py:1] RuntimeError: CUDA error: invalid resource "
+               "handle\n"
+               "(EngineCore_DP0 pid=9) ERROR 12-05 02:39:00 [core.py:1] EngineCore failed to start.\n")
+    t = full(gdn_off.encode())
+    gdn = next(f for f in t.findings if f.id == "gdn-legacy-failure")
+    assert "already in effect" in gdn.fix and not gdn.fix.startswith("Set CAOVAN_GDN_LEGACY_DISABLE=1")
+    plain = full(gdn_off.replace("gdn_legacy=disabled-by-user", "gdn_legacy=legacy-gdn-linear-attn-v020").encode())
+    assert next(f for f in plain.findings if f.id == "gdn-legacy-failure").fix.startswith("Set CAOVAN_GDN_LEGACY_DISABLE=1")
+    ar = ("(APIServer pid=7) INFO 12-05 02:38:03 [utils.py:1] non-default args: {'model': 'm', "
+          "'tensor_parallel_size': 2, 'disable_custom_all_reduce': True}\n"
+          "(Worker_TP0 pid=8) WARNING 12-05 02:38:30 [custom_all_reduce.py:1] Custom allreduce is disabled because "
+          "your platform lacks GPU P2P capability or P2P test failed.\n"
+          "(APIServer pid=7) INFO:     Application startup complete.\n")
+    for text, applied in ((ar, True), (ar.replace("True}", "False}"), False)):
+        f = next(f for f in full(text.encode()).findings if f.id == "custom-allreduce-disabled")
+        assert ("already runs with custom all-reduce off" in f.fix) is applied
+        assert ("pass --disable-custom-all-reduce" in f.fix) is not applied
+        assert fast(text.encode()).to_dict() == full(text.encode()).to_dict()

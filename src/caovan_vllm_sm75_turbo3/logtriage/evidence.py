@@ -218,6 +218,17 @@ class Waits:
             self.outcome.setdefault(outcome, f"line {ln.number}: {ln.text[:120]}")
 
 
+# What a log can show already applied, so that no advice asks for it again: key -> (how the log
+# shows it, the advice it makes moot, what to say instead).
+APPLIED = {
+    "custom-all-reduce-off": (re.compile(r"disable_custom_all_reduce'?\s*[:=]\s*True|--disable-custom-all-reduce"),
+                              "pass --disable-custom-all-reduce",
+                              "Nothing to do: this launch already runs with custom all-reduce off "
+                              "(--disable-custom-all-reduce, as its own lines show)."),
+}
+APPLIED_WORDS = ("disable_custom_all_reduce", "disable-custom-all-reduce")
+
+
 @dataclass
 class Evidence:
     """Everything the judge reads, gathered by one pass of the reader."""
@@ -235,3 +246,10 @@ class Evidence:
     first_unknown: tuple[LogLine, str] | None = None
     first_alarm: tuple[LogLine, str] | None = None
     cut_in_traceback: bool = False   # the log ends inside a traceback
+    applied: set[str] = field(default_factory=set)   # APPLIED keys the log shows
+
+    def note_applied(self, text: str) -> None:
+        """Note what a line shows already applied (APPLIED)."""
+        for key, (shows, _, _) in APPLIED.items():
+            if key not in self.applied and shows.search(text):
+                self.applied.add(key)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..policy import vllm_versions as vv
-from .evidence import KIND_WORDS, Evidence, Sign
+from .evidence import APPLIED, KIND_WORDS, Evidence, Sign
 from .results import Failure, Finding
 from .signature import Role
 from .signatures import BY_ID
@@ -62,6 +62,7 @@ def judge(ev: Evidence, findings: dict[str, Finding]) -> tuple[list[Finding], Fa
     _no_serving(ev, found)
     _crash_after_serving(ev, found)
     _explain_details(ev, found)
+    _no_advice_for_what_is_applied(ev, found)
     roles = [r.value for r in Role]
     ordered = sorted(found.values(), key=lambda f: (_ORDER.index(f.status), roles.index(f.role), f.first_line))
     return ordered, _first_failure(ev, ordered)
@@ -187,6 +188,21 @@ def _crash_after_serving(ev: Evidence, found: dict[str, Finding]) -> None:
         _add(found, "crash-after-serving", s.line, s.text, s.process, BY_ID["crash-after-serving"].cause,
              BY_ID["crash-after-serving"].fix, f"{KIND_WORDS[s.kind]} after the server served (from line {since})",
              role=Role.CONSEQUENCE.value)
+
+
+def _no_advice_for_what_is_applied(ev: Evidence, found: dict[str, Finding]) -> None:
+    """A fix never asks for what the log shows already applied: our banner's gdn_legacy=disabled-by-user
+    (CAOVAN_GDN_LEGACY_DISABLE=1), the launch's own --disable-custom-all-reduce (evidence.APPLIED)."""
+    gdn_off = ev.caovan.status.get("gdn_legacy") == "disabled-by-user"
+    for f in found.values():
+        if gdn_off and "CAOVAN_GDN_LEGACY_DISABLE=1" in f.fix:
+            f.fix = ("CAOVAN_GDN_LEGACY_DISABLE=1 was already in effect (this log's banner says "
+                     "gdn_legacy=disabled-by-user): vLLM's own GDN prefill ran, not ours, so switching ours off "
+                     "changes nothing. Report the log with the lines around this one.")
+        for key in ev.applied:
+            _, advice, instead = APPLIED[key]
+            if advice in f.fix:
+                f.fix = instead
 
 
 def _consequences(signs: object) -> str:

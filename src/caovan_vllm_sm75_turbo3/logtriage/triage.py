@@ -14,7 +14,7 @@ from ..logformat import (ATTENTION_STATE, BANNER_MORE, GDN_STATE, HEADER_RE, STA
                          WORKER_LINE)
 from .reader import (LEARN_LINES, LearntPrefix, LogLine, clean, learn_prefix, line_pieces, numbered_lines, open_log,
                      strip_colours)
-from .evidence import Evidence
+from .evidence import APPLIED_WORDS, Evidence
 from .judge import judge
 from .results import CaovanSummary, Failure, Finding, Triage
 from .shapes import Shape, Shapes
@@ -148,6 +148,8 @@ class _Reader:
             ev.after.feed(ln, kind, ev.start.opened)
         if "nvcc" in text or "ninja" in text or "CUDA_HOME" in text or "rror building" in text:
             ev.build.feed(ln, ln.level in _LOUD_LEVELS)
+        if "custom" in text and any(w in text for w in APPLIED_WORDS):
+            ev.note_applied(text)
         matched = own_state or self._match(ln, kind, tb_phase)
         if kind == "exception":
             frame_hit = self.frame_hits.pop(ln.process, None)

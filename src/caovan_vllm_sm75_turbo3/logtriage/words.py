@@ -75,7 +75,8 @@ _TRIGGERS: tuple[str, ...] = tuple(dict.fromkeys((
         "nvcc", "SIG", "signal", "died ", "Loading ",
         # the judge's evidence (evidence.py): crash signs after serving, JIT builds
         "illegal memory access", "device-side assert", "unspecified launch failure", "ProcessGroupNCCL",
-        "atchdog", "ninja", "CUDA_HOME", "rror building"))))
+        "atchdog", "ninja", "CUDA_HOME", "rror building",
+        "disable_custom_all_reduce", "disable-custom-all-reduce"))))
 # The levels that make `feed` do more than count a line holding none of _TRIGGERS: a CRITICAL line
 # is an alarm, an ERROR line the evidence of an error (the start rule). A WARNING line matters only
 # through its words (an error-context needle).
