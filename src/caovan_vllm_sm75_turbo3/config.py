@@ -278,5 +278,20 @@ def settings_table_markdown() -> str:
     return "\n".join(rows)
 
 
-if __name__ == "__main__":
+def main(argv: list[str]) -> int:
+    """`python -m caovan_vllm_sm75_turbo3.config [--markdown]`: the settings table (README's)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m caovan_vllm_sm75_turbo3.config",
+                                     description="Print the table of every CAOVAN_* setting (the README's), as "
+                                                 "Markdown: variable, additional-config key, flag, default, what "
+                                                 "is accepted, what it does.")
+    parser.parse_args(argv)
     print(settings_table_markdown())
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

@@ -122,7 +122,7 @@ def plan_launch(env: Mapping[str, str], args: VllmArgs, cli: Mapping[str, Any] |
     refused = refused or (nodes.refusal if nodes else None)
 
     def planned(probe: fp.SamplerProbe | None = None) -> Plan:
-        plan = _with_fill(make_plan(decision, env, args, state, probe, filled_args=filled), fill)
+        plan = _with_fill(make_plan(decision, env, args, state, probe, filled_args=filled, in_launcher=fill_args), fill)
         if nodes is not None:
             plan = replace(plan, nodes=nodes, notes=(*plan.notes, *nodes.lines()))
         if spans_nodes(args):   # each node of a multi-node launch names itself in its banner

@@ -44,7 +44,8 @@ def _sm75_device(index: int) -> Any:
     gpus, _, _ = probe_gpus(os.environ, [])
     if not gpus:
         raise CaovanError("no NVIDIA GPU is visible on this machine; caovan-sm75-verify needs the Turing "
-                          "card it checks (run caovan-sm75-kernels check for the offline compile check).")
+                          "card it checks. Without one, `caovan-sm75-kernels check` compiles our kernels for sm_75 "
+                          "offline (it needs Triton, which vLLM installs; `pip install triton` where vLLM is not).")
     if index >= len(gpus) or not gpus[index].is_sm75:
         have = ", ".join(f"{g.index}: {g.name} ({g.compute_capability})" for g in gpus)
         raise CaovanError(f"--device {index} is not a visible SM75 GPU (visible: {have}).")

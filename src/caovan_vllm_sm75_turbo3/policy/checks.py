@@ -47,7 +47,9 @@ def check_mixed(f: Facts) -> CheckResult:
         return CheckResult("mixed-gpus", Status.WARN,
                            "mixed memory sizes: " + ", ".join(f"{x} MiB" for x in mems),
                            "tensor parallel sizes memory by the smallest card")
-    return CheckResult("mixed-gpus", Status.PASS, f"one kind: {caps[0] if caps else 'none'}")
+    if not f.gpus:
+        return CheckResult("mixed-gpus", Status.PASS, "no GPU visible: nothing to mix")
+    return CheckResult("mixed-gpus", Status.PASS, f"one kind: {caps[0]}")
 
 
 def check_torch(f: Facts) -> CheckResult:

@@ -89,7 +89,9 @@ class Plan:
 
     def to_dict(self) -> dict[str, object]:
         return {
-            "plugin_version": __version__, "runtime": self.runtime.value, "active": self.active,
+            "plugin_version": __version__, "runtime": self.runtime.value,
+            "active": self.active and bool(self.sm75_gpus),   # something of ours applies on this machine
+            "enabled": self.active,
             "status": dict(self.status), "refusal": self.refusal,
             "env": [c.to_dict() for c in self.env], "argv": self.argv,
             "filled_args": [{"flag": f.flag, "value": f.value, "reason": f.reason} for f in self.filled_args],
@@ -108,9 +110,9 @@ def _turbo3_refusal(settings: Settings, t3: Turbo3) -> str:
               "vLLM's own kernels with the SM75 guards.")
 
 
-def _turbo3_notes(decision: Decision, notes: list[str], filled: bool) -> str | None:
-    """Add the turbo3= and profile notes (`filled`: a profile filled arguments); return
-    require-turbo3's refusal (None: none)."""
+def _turbo3_notes(decision: Decision, notes: list[str], filled: bool, in_launcher: bool) -> str | None:
+    """Add the turbo3= and profile notes (`filled`: a profile filled arguments; `in_launcher`:
+    caovan-vllm-serve planned, where profiles fill); return require-turbo3's refusal (None: none)."""
     settings, facts, t3 = decision.settings, decision.facts, decision.turbo3
     refusal = None
     if t3.active:
@@ -123,7 +125,7 @@ def _turbo3_notes(decision: Decision, notes: list[str], filled: bool) -> str | N
         refusal = _turbo3_refusal(settings, t3)
     elif facts.sm75_count and settings.mode == "auto":
         notes.append("turbo3=inactive, serving on vLLM's own kernels with the guards: " + "; ".join(t3.reasons))
-    if settings.profile != "none" and not filled:
+    if settings.profile != "none" and not filled and not in_launcher:
         notes.append(f"profile={settings.profile} ({settings.source('profile')}): no vLLM argument filled here "
                      "(launch profiles fill only in caovan-vllm-serve, only what the user did not give)")
     return refusal
@@ -131,12 +133,13 @@ def _turbo3_notes(decision: Decision, notes: list[str], filled: bool) -> str | N
 
 def make_plan(decision: Decision, env: Mapping[str, str], args: VllmArgs,
               cache: CacheState | None = None, sampler_probe: SamplerProbe | None = None,
-              filled_args: Sequence[FilledArg] = ()) -> Plan:
+              filled_args: Sequence[FilledArg] = (), in_launcher: bool = False) -> Plan:
     """Plan the launch from the process's one decision. Pure: reads only its arguments, writes nothing.
 
     `cache` is the environment key's cache directory as read by the caller (None: no isolation);
     `sampler_probe` the FlashInfer test build's result (None: not run); `filled_args` the vLLM
-    arguments a launch profile proposes, of which only those the user did not give are used.
+    arguments a launch profile proposes, of which only those the user did not give are used;
+    `in_launcher`: caovan-vllm-serve is planning (its profile step ran, filling something or not).
     """
     facts, settings = decision.facts, decision.settings
     checks = tuple(run_checks(facts))
@@ -175,7 +178,7 @@ def make_plan(decision: Decision, env: Mapping[str, str], args: VllmArgs,
     if cache is not None and facts.sm75_count and settings.cache_isolation:
         status["cache_key"] = cache.path
 
-    refusal = _turbo3_notes(decision, notes, bool(filled_args))
+    refusal = _turbo3_notes(decision, notes, bool(filled_args), in_launcher)
     filled = []
     for f in filled_args:
         if args.given(f.flag):

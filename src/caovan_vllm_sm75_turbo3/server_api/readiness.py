@@ -51,6 +51,7 @@ def wait_until_ready(client: ServerClient, model: str | None, wait_s: float, pol
     model is not served.
     """
     wait = Deadline.after(wait_s)
+    refused_only = True   # every poll refused: nothing was started there (vLLM's port opens once it is up)
     while True:
         # One deadline for both probes, never past the wait: a server that trickles bytes ends with it.
         probe = Deadline.after(max(0.05, min(_PROBE_TIMEOUT_S, wait.left())))
@@ -58,12 +59,14 @@ def wait_until_ready(client: ServerClient, model: str | None, wait_s: float, pol
             health = client.get("/health", probe)
         except Refused:
             what = (f"the port to accept connections (connection refused: nothing listens on {client.where} yet; "
-                    "the engine is still loading)")
+                    "vLLM opens it once the engine is loaded)")
         except Misdirected as err:  # TLS to a plain-HTTP server, a request that cannot be sent: waiting won't help
             raise NotReady(str(err), EXIT_BAD_INPUT) from None
         except StepError as err:
+            refused_only = False
             what = f"GET /health to answer ({err})"
         else:
+            refused_only = False
             if health.status_code == 503:
                 body = f" (body: {error_message(health.content)})" if health.content.strip() else ""
                 raise NotReady(f"GET /health returned 503 at {client.api_base}: the engine is dead "
@@ -81,10 +84,15 @@ def wait_until_ready(client: ServerClient, model: str | None, wait_s: float, pol
                                f"{error_message(health.content)}; is this a vLLM server?")
         if on_wait:
             on_wait(what, wait_s - wait.left())
-        if wait.left() < poll_s:
+        if wait.left() <= 0:
+            if refused_only:
+                raise NotReady(f"nothing listens on {client.where}: connection refused for the whole {wait_s:g} s "
+                               "wait. Is the server started, on this host and port? vLLM opens its port only once "
+                               "the engine is up (a first start on SM75 compiles for minutes): raise --wait for a "
+                               "cold start")
             raise NotReady(f"{client.api_base} not ready after {wait_s:g} s: still waiting for {what} "
                            "(raise --wait for a cold start)")
-        time.sleep(poll_s)
+        time.sleep(min(poll_s, wait.left()))   # the last poll comes at the end of the wait, not a poll early
 
 
 def _listed_model(client: ServerClient, model: str | None, probe: Deadline) -> tuple[str, int | None] | None:
