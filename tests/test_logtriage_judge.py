@@ -227,3 +227,19 @@ def test_no_advice_for_what_the_log_shows_already_applied():
         assert ("already runs with custom all-reduce off" in f.fix) is applied
         assert ("pass --disable-custom-all-reduce" in f.fix) is not applied
         assert fast(text.encode()).to_dict() == full(text.encode()).to_dict()
+
+
+def _index() -> list[tuple[str, str]]:
+    path = ROOT.parent / "shared" / "field_logs" / "INDEX.tsv"
+    if not path.is_file():
+        return []
+    rows = [ln.split("\t") for ln in path.read_text().splitlines()[1:] if ln.strip()]
+    return [(r[0], re.split(r"[\s;(.:-]", r[3], 1)[0]) for r in rows]
+
+
+@pytest.mark.parametrize("name,expected", _index())
+def test_each_shared_field_log_gets_the_verdict_its_index_names(name, expected):
+    """../shared/field_logs/INDEX.tsv: the verdict a person reading each public log settled on."""
+    t = full((ROOT.parent / "shared" / "field_logs" / name).read_bytes())
+    want = {"FATAL": ("fatal",), "UNDECIDED": ("undecided",), "OK": ("clean", "harmless-only")}[expected]
+    assert t.verdict in want, (t.verdict, t.first_failure)

@@ -126,3 +126,14 @@ def test_require_turbo3_with_a_model_not_here_does_not_promise_a_path(tmp_path):
     assert plan.refusal is None
     assert not any("GDN prefill: ours" in n for n in plan.notes)
     assert any("decided when vLLM loads the model" in n for n in plan.notes)
+
+
+def test_notes_say_only_what_was_filled_for_a_model_not_read_here(tmp_path):
+    from caovan_vllm_sm75_turbo3.launch import plan_launch
+    from caovan_vllm_sm75_turbo3.policy.vllm_args import read_vllm_args
+
+    env = {"CAOVAN_FACTS": str(EXAMPLES / "2x2080ti-22g.json"), "HF_HUB_CACHE": str(tmp_path)}
+    plan = plan_launch(env, read_vllm_args(["meta-llama/Meta-Llama-3-8B-Instruct"]), write=False, fill_args=True).plan
+    profile = next(n for n in plan.notes if n.startswith("profile: "))
+    assert "15 %" not in profile and "only what needs no model shape is filled" in profile
+    assert {a.flag for a in plan.filled_args} <= {"--dtype", "--disable-custom-all-reduce"}

@@ -93,6 +93,10 @@ def fill_launch(facts: Facts, model: ModelFacts | None, profile_setting: str, ar
     profile = _choose_profile(f, table, setup, profile_setting)
     launch = profile.launch
     if shape is None or model is None:
+        # its source's promises (memory left free, MTP, ...) need the model's shape: say only what is filled
+        f.lines[-1] = (f"profile: {profile.name} ({profile.source.kind}): only what needs no model shape is "
+                       "filled here (--dtype, the all-reduce rule); the rest of the profile waits for a "
+                       "readable config.json")
         _fill_without_shape(f, launch, profile.name)
         return LaunchFill(profile.name, tuple(f.args), tuple(f.lines), tuple(f.warnings), None, setup)
     f.lines.append(_model_line(shape, model, setup.family))
