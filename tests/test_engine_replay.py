@@ -188,3 +188,42 @@ def test_install_wraps_vllms_runner_and_replaces_the_drafts_of_known_prompts(mon
     got = GPUModelRunner.propose_draft_token_ids(runner, None, sampled, None, None, None, None, None, None, None)
     assert calls == [7]   # vLLM's own arguments passed through
     assert got.dtype == torch.int32 and got[0].tolist() == truth[1:4] and got[1].tolist() == [7, 7, 7]
+
+
+def test_tensor_parallel_workers_get_the_shim_only_when_named(tmp_path):
+    """worker_site/sitecustomize.py runs in every process Python starts with it on PYTHONPATH; it
+    shims only where engine_check named the shim (a worker of a tensor-parallel run)."""
+    import os
+    import subprocess
+
+    site = ROOT / "benchmarks" / "engine" / "worker_site"
+    stub = tmp_path / "engine_check.py"   # stands in for engine_check: records the call
+    probe = ("import sys, os; sys.path.insert(0, os.environ['STUB']); import engine_check; "
+             "print(getattr(engine_check, 'CALLED', None))")
+    stub.write_text("CALLED = None\ndef shim_this_process(shim, cap):\n    global CALLED\n    CALLED = (shim, cap)\n")
+    code = f"import sys; sys.path.insert(0, {str(tmp_path)!r}); " + probe.split("; ", 2)[2]
+    env = {**os.environ, "PYTHONPATH": str(site), "STUB": str(tmp_path)}
+    env.pop("ENGINE_CHECK_SHIM", None)
+    off = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert off.returncode == 0 and off.stdout.strip() == "None", off.stderr
+    import engine_check
+
+    env2 = dict(env)
+    engine_check.shim_workers(env2, "sm75", "7.5")
+    assert env2["PYTHONPATH"].split(os.pathsep)[0] == str(site) and env2["ENGINE_CHECK_SHIM"] == "sm75"
+    # sitecustomize puts benchmarks/engine first, so a worker imports the real engine_check: check it
+    # would call shim_this_process with the named shim (without torch here, the import itself is checked)
+    src = (site / "sitecustomize.py").read_text()
+    assert 'engine_check.shim_this_process(os.environ["ENGINE_CHECK_SHIM"]' in src
+
+
+def test_gdn_served_counts_every_rank():
+    import compare
+
+    rank = {"gdn_ops": 6, "ours": 6}
+    run = {"census_by_rank": [rank, rank], "gdn_calls_by_rank": [[5] * 6, [5] * 6]}
+    assert compare.gdn_served(run)["all_served"] and compare.gdn_served(run)["ranks"] == 2
+    run["gdn_calls_by_rank"][1] = [5, 5, 5, 0, 5, 5]   # one layer on rank 1 never ran ours
+    assert not compare.gdn_served(run)["all_served"]
+    old = {"census": rank, "gdn_calls_after_greedy": [1] * 6}   # a single-rank run from before
+    assert compare.gdn_served(old)["all_served"] and compare.gdn_served(old)["ranks"] == 1

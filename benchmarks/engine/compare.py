@@ -81,11 +81,17 @@ def compare_runs(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 
 
 def gdn_served(run: dict[str, Any]) -> dict[str, Any]:
-    """Whether every GDN op ran our kernel, and how often (prefill steps)."""
-    census, calls = run.get("census", {}), run.get("gdn_calls_after_greedy", [])
-    ops = census.get("gdn_ops", 0)
-    return {"gdn_ops": ops, "ours": census.get("ours", 0), "calls": calls,
-            "all_served": ops > 0 and census.get("ours") == ops and len(calls) == ops and min(calls) > 0}
+    """Whether every GDN op ran our kernel, and how often (prefill steps), on every tensor-parallel
+    rank where the run counted them per rank."""
+    censuses = run.get("census_by_rank") or [run.get("census", {})]
+    calls_by_rank = run.get("gdn_calls_by_rank") or [run.get("gdn_calls_after_greedy", [])]
+    ranks = []
+    for census, calls in zip(censuses, calls_by_rank):
+        ops = census.get("gdn_ops", 0)
+        ranks.append({"gdn_ops": ops, "ours": census.get("ours", 0), "calls": calls,
+                      "all_served": ops > 0 and census.get("ours") == ops and len(calls) == ops and min(calls) > 0})
+    first = ranks[0] if ranks else {"gdn_ops": 0, "ours": 0, "calls": [], "all_served": False}
+    return {**first, "ranks": len(ranks), "all_served": bool(ranks) and all(r["all_served"] for r in ranks)}
 
 
 def _tok_s(run: dict[str, Any]) -> dict[str, tuple[float, float | None]]:

@@ -150,6 +150,23 @@ def install_sm75_shim() -> dict[str, int]:
     return built
 
 
+WORKER_SITE = Path(__file__).resolve().parent / "worker_site"
+
+
+def shim_this_process(shim: str, capability: str) -> dict[str, int] | None:
+    """Report `capability` (and in sm75 mode build Triton for sm_75) in this process: engine_check's
+    own, or a tensor-parallel worker's (worker_site/sitecustomize.py). The sm75 build counter, if any."""
+    major, minor = (int(x) for x in capability.split("."))
+    report_turing((major, minor), inductor_real=shim == "native")
+    return install_sm75_shim() if shim == "sm75" else None
+
+
+def shim_workers(env: dict[str, str], shim: str, capability: str) -> None:
+    """Make the worker processes vLLM starts run the same shim (worker_site first on PYTHONPATH)."""
+    env["ENGINE_CHECK_SHIM"], env["ENGINE_CHECK_CAPABILITY"] = shim, capability
+    env["PYTHONPATH"] = os.pathsep.join([str(WORKER_SITE), *filter(None, [env.get("PYTHONPATH")])])
+
+
 def token_range(model: str) -> tuple[int, int]:
     """Token ids to draw prompts from: the vocabulary's first 200,000 less its first tenth (at
     most 1,000; Qwen's special tokens sit at the end, past 200,000, in the full-size vocabulary)."""
@@ -446,7 +463,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     kw: dict[str, Any] = dict(
         model=args.model, load_format="dummy", skip_tokenizer_init=True, seed=0, max_num_seqs=8,
         max_num_batched_tokens=args.chunk, enable_prefix_caching=args.prefix_caching,
-        kv_cache_dtype=args.kv_cache_dtype)
+        kv_cache_dtype=args.kv_cache_dtype, tensor_parallel_size=args.tensor_parallel_size)
     if args.attention_backend:
         kw["attention_config"] = {"backend": args.attention_backend}
     if args.device == "cpu":
@@ -485,6 +502,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reference", default=None,
                         help="with --spec: a run of the same engine without speculation; its greedy tokens "
                              "are replayed as drafts with seeded wrong guesses (acceptance known per step)")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1,
+                        help="tensor parallel: worker processes, each with the shim (worker_site); our census "
+                             "and GDN call counts per rank; no replayed drafts (the hook lives in this process)")
     parser.add_argument("--cache-fix", choices=("on", "off"), default="on",
                         help="off: keep our fix of MTP prefix-cache hits (plugin/cache_hit_fix.py) out, to "
                              "show what vLLM does without it")
@@ -509,6 +529,9 @@ def main(argv: list[str] | None = None) -> int:
         args.max_model_len = max([4096 if args.device == "cpu" else 40960,
                                   *(n + DECODE_TOKENS + 64 for n in args.long_context)])
     args.weights = args.weights or ("dummy" if args.device == "cpu" else "scaled")
+    if args.tensor_parallel_size > 1 and args.reference:
+        parser.error("--reference replays drafts through a hook in this process; with --tensor-parallel-size > 1 "
+                     "the drafter runs in a worker: leave --reference out (MTP's own acceptance is still counted)")
     if args.device == "gpu" and args.attention_backend is None:
         args.attention_backend = "TRITON_ATTN"   # FlashInfer's JIT would build sm_75 code the GPU cannot run
     for name, value in ENGINE_ENV.items():
@@ -518,9 +541,9 @@ def main(argv: list[str] | None = None) -> int:
         faulthandler.dump_traceback_later(float(stacks), repeat=True, file=sys.stderr)
     shim = None
     if args.device == "gpu":
-        major, minor = (int(x) for x in args.capability.split("."))
-        report_turing((major, minor), inductor_real=args.shim == "native")
-        shim = install_sm75_shim() if args.shim == "sm75" else None
+        shim = shim_this_process(args.shim, args.capability)
+        if args.tensor_parallel_size > 1:
+            shim_workers(os.environ, args.shim, args.capability)   # type: ignore[arg-type]
     result: dict[str, Any] = {"argv": sys.argv[1:] if argv is None else argv, "cache_fix": args.cache_fix,
                               "env": {k: os.environ[k] for k in ENGINE_ENV}}
     from vllm import LLM
@@ -537,7 +560,8 @@ def main(argv: list[str] | None = None) -> int:
     progress(f"engine up in {result['engine_start_s']:.1f} s")
     result["plugin_loaded"] = "caovan_vllm_sm75_turbo3.plugin.register" in sys.modules
     result["kv_capacity"] = kv_capacity(llm)
-    result["census"] = llm.apply_model(gdn_census)[0]
+    result["census_by_rank"] = llm.apply_model(gdn_census)
+    result["census"] = result["census_by_rank"][0]
     if args.weights == "scaled":
         result["weights_scaled"] = llm.apply_model(scaled_weights)[0]
         if args.spec != "none":
@@ -546,7 +570,8 @@ def main(argv: list[str] | None = None) -> int:
     result["async_scheduling"] = getattr(llm.llm_engine.vllm_config.scheduler_config, "async_scheduling", None)
     ids = token_range(args.model)
     result["completions"], seen = counted(llm, hook, lambda: run_greedy(llm, greedy_prompts(ids)))
-    result["gdn_calls_after_greedy"] = llm.apply_model(gdn_calls)[0]
+    result["gdn_calls_by_rank"] = llm.apply_model(gdn_calls)
+    result["gdn_calls_after_greedy"] = result["gdn_calls_by_rank"][0]
     progress(f"greedy done: {len(result['completions'])} prompts x {GEN_TOKENS} tokens")
     if args.spec != "none":
         result["spec"] = {"method": args.spec, "draft_tokens": args.draft_tokens, "greedy_seen": seen}

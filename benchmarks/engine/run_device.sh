@@ -13,7 +13,8 @@
 #                    3); where <mode><TAG>.json is already in $OUT (run it first, same call), its greedy tokens
 #                    are replayed as drafts and decode is timed at each acceptance 0..N (--reference)
 #   <mode>-mtp-unfixed  the same without our fix of MTP prefix-cache hits (--cache-fix off)
-# ARGS is added to every mode (e.g. "--long-context 32768 131072"), TAG to every output's name.
+# ARGS is added to every mode (e.g. "--long-context 32768 131072", "--tensor-parallel-size 2": workers
+# get the shim through worker_site/sitecustomize.py), TAG to every output's name.
 # CACHE=plugin shares one Triton and vLLM cache among the modes of one plugin state (the first is
 # cold, later ones warm); the default gives each mode its own (every start cold).
 # Writes $OUT (or ./.e2e-out): one JSON and one log per mode, then summary.json from compare.py.
