@@ -61,7 +61,7 @@ def _load(runs: dict, name: str) -> dict:
 def test_each_run_answers_every_prompt_with_finite_top_two_logprobs(runs):
     for name in ("off", "on", "on-ngram"):
         run = _load(runs, name)
-        assert len(run["completions"]) == 4
+        assert len(run["completions"]) == 5
         for c in run["completions"]:
             assert len(c["tokens"]) == engine_check.GEN_TOKENS == len(c["steps"])
             for step in c["steps"]:
@@ -87,6 +87,9 @@ def test_the_repeated_prefix_is_served_from_the_cache_and_outputs_agree(runs):
     s = runs["summary"]
     assert s["prefix_cached_tokens"]["on"] >= engine_check.SHARED_PREFIX // 2
     assert s["prefix_cached_tokens"]["off"] == s["prefix_cached_tokens"]["on"]
+    # the whole long prompt again with more: a longer hit than its first SHARED_PREFIX tokens give
+    on = _load(runs, "on")["completions"]
+    assert on[4]["num_cached_tokens"] > on[2]["num_cached_tokens"]
     # the same vLLM kernels either way: the same tokens and logprobs
     assert s["on_vs_off"]["drift_max"] == 0.0 and all(p["equal"] for p in s["on_vs_off"]["prompts"])
     assert s["ngram_vs_greedy"]["all_explained"], s["ngram_vs_greedy"]
