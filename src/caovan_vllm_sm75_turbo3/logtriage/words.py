@@ -1,6 +1,6 @@
 """What the log reader looks for in a line: the shapes of our own status lines, the words that make
 it read a line in full, start-up phases, the words of a process stopping, and what a traceback is.
-Kept apart from the reading (triage.py) and the judging (verdict.py), which both use them."""
+Kept apart from the reading (triage.py) and the judging (judge.py), which both use them."""
 
 from __future__ import annotations
 
