@@ -105,3 +105,29 @@ def test_a_source_that_already_has_upstreams_rule_or_another_shape_stays_off():
     assert "arguments" in cache_hit_fix._shape_problem(type("C", (), {
         "find_longest_cache_hit": lambda self, b, m: (m, "block_size", "_max_length")}), Other)
     assert "not found" in cache_hit_fix._shape_problem(None, Mamba)
+
+
+def test_the_launcher_fills_mtp_with_prefix_caching_only_where_the_fix_is_proven(tmp_path):
+    """vLLM 0.24: proven by the engine check (upstream_bugs.json plugin_fix.proven), so the plan fills
+    both and says why; 0.21: the fix installs but is not proven there, so the pair is not filled."""
+    from helpers.facts import EXAMPLES
+
+    from caovan_vllm_sm75_turbo3.launch import plan_launch
+    from caovan_vllm_sm75_turbo3.policy.vllm_args import read_vllm_args
+    from caovan_vllm_sm75_turbo3.policy.vllm_versions import release_pins
+
+    bug = next(b for b in load_bugs() if b.id == cache_hit_fix.FIX_ID)
+    assert bug.fix.proven == ("0.24",) and "benchmarks/results/" in bug.fix.proof
+    out = {}
+    for vllm in ("0.21.0", "0.24.0"):
+        facts = tmp_path / f"{vllm}.json"
+        facts.write_text(json.dumps(facts_dict(versions={"vllm": vllm, "triton": release_pins(vllm).triton_version})))
+        plan = plan_launch({"CAOVAN_FACTS": str(facts)}, read_vllm_args([str(EXAMPLES / "models" / "qwen3.6-27b-awq")]),
+                           write=False, fill_args=True).plan
+        out[vllm] = ({a.flag for a in plan.filled_args}, plan.notes, plan.warnings)
+    flags, notes, warnings = out["0.24.0"]
+    assert {"--speculative-config", "--enable-prefix-caching"} <= flags and "--no-enable-prefix-caching" not in flags
+    assert any(n.startswith("fixed: upstream bug mtp-prefix-cache-wrong-output on vLLM 0.24.0") for n in notes)
+    assert not any("mtp-prefix-cache-wrong-output" in w for w in warnings)
+    flags, _, warnings = out["0.21.0"]
+    assert "--no-enable-prefix-caching" in flags and "--enable-prefix-caching" not in flags

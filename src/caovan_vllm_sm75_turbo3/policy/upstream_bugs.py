@@ -31,6 +31,7 @@ class PluginFix:
     what: str
     upstream: str
     proven: tuple[str, ...] = ()
+    proof: str = ""          # where the proof's raw results are, and what they showed
 
     def installs_on(self, version: str | None) -> bool:
         """Whether the fix installs on `version` (never on an unknown one: it patches known code)."""
@@ -93,7 +94,8 @@ def load_bugs() -> tuple[UpstreamBug, ...]:
 
 
 def _fix(raw: dict | None) -> PluginFix | None:
-    return None if raw is None else PluginFix(raw["releases"], raw["what"], raw["upstream"], tuple(raw["proven"]))
+    return None if raw is None else PluginFix(raw["releases"], raw["what"], raw["upstream"], tuple(raw["proven"]),
+                                              raw.get("proof", ""))
 
 
 def plugin_fixes(version: str | None) -> tuple[UpstreamBug, ...]:
