@@ -243,3 +243,22 @@ def test_each_shared_field_log_gets_the_verdict_its_index_names(name, expected):
     t = full((ROOT.parent / "shared" / "field_logs" / name).read_bytes())
     want = {"FATAL": ("fatal",), "UNDECIDED": ("undecided",), "OK": ("clean", "harmless-only")}[expected]
     assert t.verdict in want, (t.verdict, t.first_failure)
+
+
+def test_the_judge_leaves_its_inputs_as_they_were():
+    """judge() is pure: judging the same evidence twice gives the same verdict (V0's KV wording is
+    rewritten in a copy, not in the reader's own finding)."""
+    from caovan_vllm_sm75_turbo3.logtriage.triage import _Reader
+
+    reader = _Reader()
+    for ln in read_lines(io.BytesIO(b"ERROR 12-02 10:00:00 [engine.py:1] ValueError: The model's max seq len (29000) "
+                                    b"is larger than the maximum number of tokens that can be stored in KV cache "
+                                    b"(23648). Try increasing `gpu_memory_utilization` or decreasing `max_model_len` "
+                                    b"when initializing the engine.\n")):
+        reader.feed(ln)
+    assert "v0_max_model_len" in reader.findings["kv-cache-too-small"].details   # the wording the judge rewrites
+    before = {k: (dict(f.details), f.cause, f.fix) for k, f in reader.findings.items()}
+    first = judge_mod.judge(reader.ev, reader.findings)
+    again = judge_mod.judge(reader.ev, reader.findings)
+    assert [f.to_dict() for f in first[0]] == [f.to_dict() for f in again[0]]
+    assert {k: (dict(f.details), f.cause, f.fix) for k, f in reader.findings.items()} == before

@@ -6,6 +6,7 @@ quote); the known messages (known_*.py) are judged first, by their own rule each
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..policy import vllm_versions as vv
@@ -55,7 +56,7 @@ def rules_markdown() -> str:
 def judge(ev: Evidence, findings: dict[str, Finding]) -> tuple[list[Finding], Failure | None]:
     """The findings of a log judged by RULES, ordered (fatal first), and its first real failure.
     `findings` is not changed: the judged ones are copies."""
-    found = {k: Finding(**vars(f)) for k, f in findings.items()}
+    found = {k: Finding(**{**vars(f), "details": dict(f.details)}) for k, f in findings.items()}
     _decide_waits(ev, found)
     _judge_own_banner(ev, found)
     _jit_build_failed(ev, found)
@@ -205,8 +206,8 @@ def _no_advice_for_what_is_applied(ev: Evidence, found: dict[str, Finding]) -> N
                 f.fix = instead
 
 
-def _consequences(signs: object) -> str:
-    named = [f"{KIND_WORDS[s.kind]} (line {s.line})" for s in signs if isinstance(s, Sign)]
+def _consequences(signs: Iterable[Sign]) -> str:
+    named = [f"{KIND_WORDS[s.kind]} (line {s.line})" for s in signs]
     return f"then, as its consequences: {', '.join(named)}" if named else ""
 
 
