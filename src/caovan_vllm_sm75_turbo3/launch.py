@@ -107,7 +107,7 @@ def plan_launch(env: Mapping[str, str], args: VllmArgs, cli: Mapping[str, Any] |
     state = _cache_state(keydir) if keydir else None
     checked = check_launch_args(args, len(facts.gpus)) if fill_args else None
     refused = checked.refusal() if checked else None
-    model = read_model_arg(args.model, env, _str(args.value("--revision")), _str(args.value("--download-dir"))) if (
+    model = read_model_arg(args.model, env, *model_lookup(args)) if (
         args.model and settings.active and not refused and (decision is None or fill_args)) else None
     if decision is None:
         decision = decide(settings, facts, model_shape(model.config) if model else None, given_kv_cache_dtype(args),
@@ -160,8 +160,10 @@ def _sampler_probe(env: Mapping[str, str], plan: Plan, decision: Decision, keydi
     return result
 
 
-def _str(value: object) -> str | None:
-    return value if isinstance(value, str) else None
+def model_lookup(args: VllmArgs) -> tuple[str | None, str | None]:
+    """The user's --revision and --download-dir: where vLLM would look for the model's files."""
+    values = (args.value("--revision"), args.value("--download-dir"))
+    return tuple(v if isinstance(v, str) else None for v in values)   # type: ignore[return-value]
 
 
 def unread_model(name: str | None, model: ModelFacts | None) -> str | None:
@@ -170,9 +172,9 @@ def unread_model(name: str | None, model: ModelFacts | None) -> str | None:
         return None
     if not name:
         return "no model named"
-    return f"the model {shown(name, 120)} is {model.found if model else 'not read'}" if (
-        model is None or model.found.startswith(("not ", "neither", "a GGUF"))) else (
-        f"the config.json of {shown(name, 120)} ({model.found}) could not be read")
+    if model is None or not model.is_dir:   # not found here: the lookup's own words say where it looked
+        return f"the model {shown(name, 120)} is {model.found if model else 'not read'}"
+    return f"the config.json of {shown(name, 120)} ({model.found}) could not be read"
 
 
 def _profile_fill(decision: Decision, args: VllmArgs, numbers: LaunchNumbers, model: ModelFacts | None) -> LaunchFill:

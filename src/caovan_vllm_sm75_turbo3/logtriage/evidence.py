@@ -19,7 +19,7 @@ MAX_SIGNS = 8   # crash signs kept after serving: the first is the cause, the re
 
 # CUDA's words for a kernel that broke the context (torch raises them as `CUDA error: ...`).
 CUDA_ERRORS = re.compile(r"illegal memory access|device-side assert|unspecified launch failure|"
-                         r"misaligned address|illegal instruction|an illegal memory access")
+                         r"misaligned address|illegal instruction")
 # torch's NCCL watchdog (ProcessGroupNCCL.cpp): an [E...] header, a watchdog or a collective timeout.
 NCCL_WATCHDOG = re.compile(r"ProcessGroupNCCL\.cpp:\d+\].*(?:Watchdog|CUDA error|timeout|Timeout)|"
                            r"\[E\d{3,4} [^\]]*ProcessGroupNCCL|Process group watchdog thread terminated|"
@@ -112,10 +112,6 @@ class AfterServing:
     shutdown_line: int | None = None
     signs: list[Sign] = field(default_factory=list)
 
-    @property
-    def crashed(self) -> bool:
-        return bool(self.signs)
-
     def shutdown(self, number: int) -> None:
         """A shutdown mark: asked for, unless a crash came first (then it is the crash's)."""
         if not self.signs and self.shutdown_line is None:
@@ -133,8 +129,8 @@ class AfterServing:
             what = "process-died"
         elif "ProcessGroupNCCL" in text or "atchdog" in text:
             what = "nccl-watchdog" if NCCL_WATCHDOG.search(text) else None
-        elif "CUDA error" in text or "cudaError" in text or CUDA_ERRORS.search(text):
-            what = "cuda-error" if CUDA_ERRORS.search(text) or "CUDA error" in text else None
+        elif (cuda := "CUDA error" in text or CUDA_ERRORS.search(text) is not None) or "cudaError" in text:
+            what = "cuda-error" if cuda else None
         elif kind == "traceback" and opened == ln.number and _engine_side(ln):
             what = "error-traceback"
         elif stop_word(text):

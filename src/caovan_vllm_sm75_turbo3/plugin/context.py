@@ -22,7 +22,7 @@ from typing import Any
 
 from ..config import Settings, load_settings
 from ..errors import CaovanError
-from ..launch import given_kv_cache_dtype, read_args, unread_model
+from ..launch import given_kv_cache_dtype, model_lookup, read_args, unread_model
 from ..policy.decision import Decision, decide
 from ..policy.vllm_args import VllmArgs, serve_args
 from ..runtime.facts import Facts
@@ -91,9 +91,9 @@ class ProcessContext:
             return model_shape(self.source.hf_config), None
         if not model:
             return None, None
-        args = self.args if self.source is None else None
+        lookup = model_lookup(self.args) if self.source is None else (None, None)
         try:
-            facts = read_model_arg(model, self.env, *(_arg(args, f) for f in ("--revision", "--download-dir")))
+            facts = read_model_arg(model, self.env, *lookup)
         except CaovanError:   # the launcher names a bad model file; here it is only unknown
             return None, f"the config.json of {model} could not be read"
         return model_shape(facts.config), unread_model(model, facts)
@@ -106,8 +106,3 @@ class ProcessContext:
             shape, unknown = self._model()
             self._decision = decide(self.settings, self.facts, shape, kv, model_unknown=unknown)
         return self._decision
-
-
-def _arg(args: VllmArgs | None, flag: str) -> str | None:
-    value = args.value(flag) if args is not None else None
-    return value if isinstance(value, str) else None
