@@ -74,6 +74,7 @@ import sys
 import time
 from pathlib import Path
 
+import flashqla_peer  # this folder: the flashqla-legacy row (torch only when it runs)
 import vllm_fla_sm75  # this folder: the vllm-fla-sm75-turbo row (Triton only at import: none)
 
 H, HV, D = 8, 24, 128
@@ -267,11 +268,12 @@ def _ceilings() -> dict[str, float]:
 
 EACH_STATE_CONFIG = "ours-sm75-turbo-each-state"  # a row per candidate state config, forced
 VLLM_FLA = vllm_fla_sm75.ROW  # vLLM 0.21's FLA chain as turbo sm_75 PTX: what a Turing user runs without us
-ROWS = ("ours-sm75-turbo", "ours-sm75-plain", "ours-native", "fla-chunk", "fla-recurrent", VLLM_FLA,
+FLASHQLA = flashqla_peer.ROW  # the seed's GDN bridge (weicj/FlashQLA-SM70-SM75), built from its checkout
+ROWS = ("ours-sm75-turbo", "ours-sm75-plain", "ours-native", "fla-chunk", "fla-recurrent", VLLM_FLA, FLASHQLA,
         EACH_STATE_CONFIG)
 # ours-native only on request: chunk_gated_delta_rule refuses sm_90+ (Triton 3.6's wgmma build of
 # the state kernel gives wrong results there, benchmarks/RESULTS.md), so the row reports that refusal.
-DEFAULT_ROWS = tuple(r for r in ROWS if r not in ("ours-native", EACH_STATE_CONFIG))
+DEFAULT_ROWS = tuple(r for r in ROWS if r not in ("ours-native", EACH_STATE_CONFIG, FLASHQLA))
 TURING_PROXY = (68, 65536)  # an RTX 2080 Ti: 68 SMs, 64 KiB of shared memory per SM
 
 # Reads %smid in every block after spinning a while, so that many blocks reach every SM the
@@ -395,7 +397,7 @@ def _triton_sms() -> int:
     return len(set(buf.tolist()) - {-1})
 
 
-REPEATED_ROWS = ("ours-sm75-turbo", "fla-chunk", VLLM_FLA)  # the issue's targets compare ours with these two
+REPEATED_ROWS = ("ours-sm75-turbo", "fla-chunk", VLLM_FLA, FLASHQLA)  # ours and the peers, interleaved
 
 
 def run_fresh(argv: list[str], cases: tuple[str, ...], json_out: Path | None) -> None:
@@ -420,7 +422,8 @@ def run_fresh(argv: list[str], cases: tuple[str, ...], json_out: Path | None) ->
 
 
 def run(ptx_dir: Path, json_out: Path | None, rows_wanted: tuple[str, ...] = ROWS, repeats: int = 1,
-        cases: tuple[str, ...] = tuple(CASES), proxy_shape: tuple[int, int] | None = None) -> None:
+        cases: tuple[str, ...] = tuple(CASES), proxy_shape: tuple[int, int] | None = None,
+        flashqla: tuple[Path, Path] | None = None) -> None:
     """Time and check every wanted row of every case; with `proxy_shape` (SMs, shared bytes per
     SM) inside the Turing-shaped proxy."""
     import torch
@@ -447,6 +450,13 @@ def run(ptx_dir: Path, json_out: Path | None, rows_wanted: tuple[str, ...] = ROW
             impls[VLLM_FLA] = vllm_fla_sm75.VllmFlaSm75(ptx_dir / "vllm_fla", proxy)
         except Exception as err:
             print(f"{VLLM_FLA}: cannot load: {err!r}", flush=True)
+    if FLASHQLA in rows_wanted:
+        try:
+            if flashqla is None:
+                raise ValueError("--flashqla SRC EXT not given")
+            impls[FLASHQLA] = flashqla_peer.FlashQlaLegacy(*flashqla)
+        except Exception as err:
+            print(f"{FLASHQLA}: cannot load: {err!r}", flush=True)
     if proxy is not None:
         proxy |= _check_proxy(impls.get("ours-sm75-turbo"))
         if VLLM_FLA in impls:
@@ -478,8 +488,18 @@ def _calls(q, k, v, g, beta, h0, cu, ci, impls: dict, fla) -> dict:
 
     calls = {}
     for name, impl in impls.items():
-        if name != VLLM_FLA:
+        if name not in (VLLM_FLA, FLASHQLA):
             calls[name] = lambda impl=impl: impl(q, k, v, g, beta, h0, cu, ci)[:2]
+    if FLASHQLA in impls:  # its faster way for this case (per sequence or padded), picked by timing both
+        lens = cu.diff().tolist()
+        try:
+            calls[FLASHQLA] = impls[FLASHQLA].case(q, k, v, g, beta, h0, lens, lambda fn: _time(fn, 0.2))
+        except Exception as err:
+
+            def refused(err: Exception = err):
+                raise RuntimeError(f"flashqla-legacy: {err!r}")
+
+            calls[FLASHQLA] = refused
     if VLLM_FLA in impls:  # tuned on this case's inputs first, as Triton's autotuner would on the card
         try:
             calls[VLLM_FLA] = impls[VLLM_FLA].case(q, k, v, g, beta, h0, cu, ci, lambda fn: _time(fn, 0.1))
@@ -558,6 +578,9 @@ def _run_case(case: str, lens: list[int], impls: dict, fla, rows_wanted: tuple[s
     _split_ours(case, rows, impls, (q, k, v, g, beta, h0, cu, ci))
     if "ms" in rows.get(VLLM_FLA, {}):
         rows[VLLM_FLA] |= calls[VLLM_FLA].facts()
+    if "ms" in rows.get(FLASHQLA, {}):
+        rows[FLASHQLA] |= impls[FLASHQLA].picked
+    fq_ms = rows.get(FLASHQLA, {}).get("ms")
     fla_ms = rows.get("fla-chunk", {}).get("ms")
     vllm_ms = rows.get(VLLM_FLA, {}).get("ms")
     for r in rows.values():
@@ -565,6 +588,8 @@ def _run_case(case: str, lens: list[int], impls: dict, fla, rows_wanted: tuple[s
             r["x_vs_fla_chunk"] = fla_ms / r["ms"]  # > 1: faster than fla-core's chunk kernel
         if vllm_ms and "ms" in r:
             r["x_vs_vllm_fla_sm75"] = vllm_ms / r["ms"]  # > 1: faster than vLLM's FLA chain on Turbo
+        if fq_ms and "ms" in r:
+            r["x_vs_flashqla_legacy"] = fq_ms / r["ms"]  # > 1: faster than the seed's GDN bridge
     return rows
 
 
@@ -604,6 +629,9 @@ def main(argv: list[str] | None = None) -> int:
                         f"shared memory as on {TURING_PROXY[1] // 1024} KiB per SM (an RTX 2080 Ti's shape)")
     r.add_argument("--sms", type=int, help="the proxy's SM count (implies the proxy)")
     r.add_argument("--shared-per-sm", type=int, help="the proxy's shared bytes per SM (implies the proxy)")
+    r.add_argument("--flashqla", nargs=2, type=Path, metavar=("SRC", "EXT"),
+                   help=f"the {FLASHQLA} row: the peer's checkout and its extension built by "
+                        "`flashqla_peer.py build SRC OUT`")
     r.add_argument("--fresh", action="store_true",
                    help="each case in a fresh process, so fla-core autotunes at the shape it is timed at")
     a = ap.parse_args(argv)
@@ -626,7 +654,7 @@ def main(argv: list[str] | None = None) -> int:
         extra = ["--sms", str(proxy[0]), "--shared-per-sm", str(proxy[1])] if proxy else []
         run_fresh(["--ptx", str(a.ptx), "--rows", ",".join(rows), "--repeats", str(a.repeats), *extra], cases, a.json)
     else:
-        run(a.ptx, a.json, rows, a.repeats, cases, proxy)
+        run(a.ptx, a.json, rows, a.repeats, cases, proxy, tuple(a.flashqla) if a.flashqla else None)
     return 0
 
 

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import kernel_profile  # noqa: E402
 import replay  # noqa: E402
 
 # A prompt longer than --max-num-batched-tokens (later chunks start from a GDN state), a short
@@ -230,6 +231,20 @@ def scaled_drafter(worker: Any) -> int:
     return scaled_weights(model, skip=shared, seed=100_000)
 
 
+def weight_census(model: Any) -> dict[str, Any]:
+    """Parameters of the model by kind (apply_model), for the projection's FLOP and byte counts:
+    2-D matrices of the layers, the embedding and the LM head, their elements and bytes."""
+    out: dict[str, Any] = {}
+    for name, p in model.named_parameters():
+        kind = ("embedding" if "embed" in name else "lm_head" if "lm_head" in name
+                else "matrix" if p.ndim >= 2 else "vector")
+        row = out.setdefault(kind, {"tensors": 0, "elements": 0, "bytes": 0})
+        row["tensors"] += 1
+        row["elements"] += p.numel()
+        row["bytes"] += p.numel() * p.element_size()
+    return out
+
+
 def gdn_census(model: Any) -> dict[str, Any]:
     """Which GDN ops of the model run our kernel; wraps ours to count calls (apply_model)."""
     ops = [m for m in model.modules() if hasattr(m, "_caovan_upstream") or type(m).__name__ == "ChunkGatedDeltaRule"]
@@ -329,6 +344,37 @@ def long_context(llm: Any, rng: random.Random, ids: tuple[int, int], n: int, chu
     return row
 
 
+def profile_rows(llm: Any, rng: random.Random, ids: tuple[int, int], prefill: tuple[int, ...],
+                 long: list[int], chunk: int) -> dict[str, Any]:
+    """Each engine row once under torch's profiler (kernel_profile.py): fresh prefills, decode at
+    1024 and at each long depth, and each long prompt's last chunk after its cached head."""
+    one, many = one_and_many()
+    rows: dict[str, Any] = {}
+
+    def decode_row(prompt: list[int]) -> dict[str, Any]:
+        timed(llm, [prompt], one)                       # cached from here on
+        less, t1 = kernel_profile.profiled(lambda: timed(llm, [prompt], one))
+        more, tn = kernel_profile.profiled(lambda: timed(llm, [prompt], many))
+        return kernel_profile.row(kernel_profile.difference(more, less), DECODE_TOKENS, tn - t1)
+
+    for n in prefill:
+        prompt = random_prompt(rng, n, ids)
+        kernels, wall = kernel_profile.profiled(lambda: timed(llm, [prompt], one))
+        rows[f"prefill_{n}"] = kernel_profile.row(kernels, n, wall)
+    rows["decode_1024"] = decode_row(random_prompt(rng, 1024, ids))
+    for n in long:
+        head = random_prompt(rng, n - chunk, ids)
+        timed(llm, [head], one)
+        prompt = head + random_prompt(rng, chunk, ids)
+        kernels, wall = kernel_profile.profiled(lambda: timed(llm, [prompt], one))
+        rows[f"late_chunk_{n}"] = kernel_profile.row(kernels, chunk, wall)
+        rows[f"decode_at_{n}"] = decode_row(prompt)
+    for name, r in rows.items():
+        progress(f"profiled {name}: {r['gpu_us'] / 1e3:,.2f} ms on the GPU in {r['launches']} launches, "
+                 f"{r['wall_s'] * 1e3:,.1f} ms wall")
+    return rows
+
+
 def spec_counters(llm: Any) -> dict[str, int]:
     """vLLM's spec-decode counters so far (drafts, draft tokens, accepted tokens); {} without them."""
     try:
@@ -397,18 +443,23 @@ def sweep_reference(llm: Any, ids: tuple[int, int]) -> dict[str, Any]:
 def acceptance_sweep(llm: Any, hook: replay.ReplayHook, ids: tuple[int, int], reference: dict[str, Any],
                      repeats: int) -> list[dict[str, Any]]:
     """Decode tok/s on the sweep prompt with replayed drafts, at each fixed acceptance 0..N: the time
-    of DECODE_TOKENS+1 tokens less that of 1 (both hit the prefix cache), one warm-up then `repeats`."""
+    of DECODE_TOKENS+1 tokens less that of 1 (both hit the prefix cache), one warm-up then `repeats`.
+    `warm_up_not_as_planned` counts the warm-up's steps that left `reference` (ties)."""
     from vllm import SamplingParams
 
     prompt = sweep_prompt(ids)
-    hook.plan.add(prompt, reference["tokens"])
     one, _ = one_and_many()
     many = SamplingParams(temperature=0.0, max_tokens=DECODE_TOKENS + 1, ignore_eos=True, detokenize=False,
                           logprobs=2)
     rows = []
     for a in range(hook.plan.draft_tokens + 1):
         hook.plan.accept = a
-        timed(llm, [prompt], many)
+        hook.plan.add(prompt, reference["tokens"])
+        # The untimed warm-up's tokens are this level's own greedy tokens: where an exact tie breaks
+        # the other way under this level's batch shapes, it leaves the plan there, and replaying its
+        # tokens keeps the timed passes on track past the tie.
+        (_, warm), warm_seen = counted(llm, hook, lambda: timed(llm, [prompt], many))
+        hook.plan.add(prompt, completion(warm[0])["tokens"])
         times, outs = [], None
 
         def repeat() -> None:
@@ -420,7 +471,7 @@ def acceptance_sweep(llm: Any, hook: replay.ReplayHook, ids: tuple[int, int], re
 
         _, seen = counted(llm, hook, repeat)
         row = {"accept": a, "decode": rates(DECODE_TOKENS, times), "seen": seen,
-               "completion": completion(outs[0])}
+               "warm_up_not_as_planned": warm_seen["hook"]["not_as_planned"], "completion": completion(outs[0])}
         rows.append(row)
         progress(f"replayed decode, {a} of {hook.plan.draft_tokens} accepted: {row['decode']['tok_s']:,.1f} tok/s, "
                  f"{seen['hook']['tokens_per_step'] or 0:.2f} tokens a step, "
@@ -523,6 +574,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--long-context", type=int, nargs="+", default=[], metavar="TOKENS",
                         help="for each length: time a whole prompt this long, its last --chunk alone, and "
                              "decode at its depth (--max-model-len defaults to fit the longest)")
+    parser.add_argument("--profile", action="store_true",
+                        help="run each row once more under torch's profiler: per-kernel GPU time (kernel_profile.py)")
     parser.add_argument("--repeats", type=int, default=REPEATS, help=f"timed repeats of each speed row (default {REPEATS})")
     args = parser.parse_args(argv)
     if not args.max_model_len:
@@ -587,6 +640,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.long_context:
         result["long_context"] = [long_context(llm, random.Random(3 + i), ids, n, args.chunk, args.repeats)
                                   for i, n in enumerate(args.long_context)]
+    if args.profile:
+        result["weights"] = llm.apply_model(weight_census)[0]
+        result["profile"] = profile_rows(llm, random.Random(5), ids, tuple(args.prefill_speed), args.long_context,
+                                         args.chunk)
     if shim is not None:
         result["sm75_ptx_kernels"] = shim["kernels"]
     Path(args.out).write_text(json.dumps(result, indent=1))

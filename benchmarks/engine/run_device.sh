@@ -16,7 +16,8 @@
 # ARGS is added to every mode (e.g. "--long-context 32768 131072", "--tensor-parallel-size 2": workers
 # get the shim through worker_site/sitecustomize.py), TAG to every output's name.
 # CACHE=plugin shares one Triton and vLLM cache among the modes of one plugin state (the first is
-# cold, later ones warm); the default gives each mode its own (every start cold).
+# cold, later ones warm); the default gives each mode its own (every start cold). DEADLINE_S or
+# END_AT bound the call (below).
 # Writes $OUT (or ./.e2e-out): one JSON and one log per mode, then summary.json from compare.py.
 # ENGINE_CHECK_STACKS=N dumps every thread's stack into the mode's log every N seconds.
 set -u
@@ -55,8 +56,10 @@ mode_args() {   # MODE -> plugin state, then engine_check arguments
   esac
 }
 
-START=$(date +%s)
-left() { echo $(( ${DEADLINE_S:-570} - ($(date +%s) - START) )); }   # the device tool stops a call at 600 s
+# The device tool stops a call at 600 s: DEADLINE_S from this script's start, or END_AT (epoch
+# seconds) shared by several runs of this script in one call.
+END=${END_AT:-$(( $(date +%s) + ${DEADLINE_S:-570} ))}
+left() { echo $(( END - $(date +%s) )); }
 
 run_mode() {   # MODE
   local spec plugin name path cache
