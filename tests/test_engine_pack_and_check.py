@@ -192,7 +192,7 @@ def test_an_older_single_long_context_row_still_compares(tmp_path):
 def test_run_device_names_every_mode_it_runs_and_refuses_an_unknown_one(tmp_path):
     script = ROOT / "benchmarks/engine/run_device.sh"
     src = script.read_text()
-    body = src[src.index("mode_args()"):src.index("START=")]
+    body = src[src.index("mode_args()"):src.index("\nEND=")]
     for mode, plugin in (("on", "on"), ("off", "off"), ("on-ngram", "on"), ("on-custom", "on"), ("on-custom-fp8", "on")):
         proc = subprocess.run(["bash", "-c", body + f'\nmode_args "{mode}"'], capture_output=True, text=True, timeout=30)
         assert proc.returncode == 0 and proc.stdout.split()[0] == plugin, (mode, proc.stdout, proc.stderr)

@@ -3,13 +3,16 @@ MTP only with MTP weights, conservative defaults for unknown hardware."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
 import pytest
 from helpers.facts import EXAMPLES, facts_dict
 
+from caovan_vllm_sm75_turbo3.config import Settings
 from caovan_vllm_sm75_turbo3.errors import SettingError
+from caovan_vllm_sm75_turbo3.policy.decision import decide_for_model
 from caovan_vllm_sm75_turbo3.policy.fill_decode import capture_sizes
 from caovan_vllm_sm75_turbo3.policy.launch_fill import conservative_tp, fill_launch
 from caovan_vllm_sm75_turbo3.policy.profiles import load_table
@@ -28,9 +31,17 @@ FIELD = {"--tensor-parallel-size": "2", "--dtype": "half", "--max-model-len": "2
 MTP3 = '{"method":"mtp","num_speculative_tokens":3}'
 
 
+def decision_for(facts: Facts, model=None, profile: str = "auto", **changes):
+    """The one decision a launch would make for these facts and model (`changes` replace its fields)."""
+    model = model or read_model(str(QWEN))
+    d = decide_for_model(facts, model_shape(model.config) if model.config else None,
+                         dataclasses.replace(Settings(), profile=profile))
+    return dataclasses.replace(d, **changes)
+
+
 def fill(facts: Facts, *user: str, model=None, profile: str = "auto"):
     model = model or read_model(str(QWEN))
-    return fill_launch(facts, model, profile, read_vllm_args([model.path, *user]), TABLE)
+    return fill_launch(decision_for(facts, model, profile), model, read_vllm_args([model.path, *user]), TABLE)
 
 
 def filled(result) -> dict[str, str | None]:
@@ -241,8 +252,8 @@ def test_unverified_turbo_falls_back_to_fp16_kv_with_the_reason():
     assert "turbo=off-unverified-triton-3.9.0" in why and "tensor cores" in why
     # A decision for a Triton our attention kernel was verified with (hypothetical on 0.33)
     verified = TurboDecision(True, True, "auto", "Triton 3.6 verified", triton="3.6.0")
-    got = filled(fill_launch(pinned_facts("0.33.0"), read_model(str(QWEN)), "auto",
-                             read_vllm_args([str(QWEN)]), TABLE, turbo=verified))
+    got = filled(fill_launch(decision_for(pinned_facts("0.33.0"), turbo=verified), read_model(str(QWEN)),
+                             read_vllm_args([str(QWEN)]), TABLE))
     assert got["--kv-cache-dtype"] == "fp8" and got["--attention-backend"] == "CUSTOM"
     assert got["--max-model-len"] == "262144"
 
@@ -362,15 +373,16 @@ def test_a_proven_fix_lets_the_profile_fill_both_and_says_so(monkeypatch):
     monkeypatch.setattr(ub, "load_bugs", lambda: fixed)
     facts = pinned_facts("0.24.0")
     model = read_model(str(QWEN))
-    with_fix = fill_launch(facts, model, "auto", read_vllm_args([model.path]), TABLE, fixes=("mtp-prefix-cache-wrong-output",))
+    with_fix = fill_launch(decision_for(facts, model, fixes=("mtp-prefix-cache-wrong-output",)), model,
+                           read_vllm_args([model.path]), TABLE)
     got = filled(with_fix)
     assert "--enable-prefix-caching" in got and "--speculative-config" in got and with_fix.warnings == ()
     assert any(ln.startswith("fixed: upstream bug mtp-prefix-cache-wrong-output on vLLM 0.24.0") for ln in with_fix.lines)
     # the plugin not installing its fix (fixes empty), or a release it was not proven on: no pair
-    without = filled(fill_launch(facts, model, "auto", read_vllm_args([model.path]), TABLE))
+    without = filled(fill_launch(decision_for(facts, model, fixes=()), model, read_vllm_args([model.path]), TABLE))
     assert "--no-enable-prefix-caching" in without
-    other = filled(fill_launch(pinned_facts("0.23.0"), model, "auto", read_vllm_args([model.path]), TABLE,
-                               fixes=("mtp-prefix-cache-wrong-output",)))
+    other = filled(fill_launch(decision_for(pinned_facts("0.23.0"), model, fixes=("mtp-prefix-cache-wrong-output",)),
+                               model, read_vllm_args([model.path]), TABLE))
     assert "--no-enable-prefix-caching" in other
 
 

@@ -13,7 +13,8 @@ import pytest
 from helpers.facts import EXAMPLES, ROOT, facts_dict
 
 from caovan_vllm_sm75_turbo3.policy import vllm_versions as vv
-from caovan_vllm_sm75_turbo3.policy.fill_base import ProfileArg
+from caovan_vllm_sm75_turbo3.policy.decision import decide_for_model
+from caovan_vllm_sm75_turbo3.policy.fill_base import FilledArg
 from caovan_vllm_sm75_turbo3.policy.launch_fill import fill_launch
 from caovan_vllm_sm75_turbo3.policy.profile_validate import (
     check_args,
@@ -111,16 +112,16 @@ def test_validator_catches_a_flag_that_left_or_a_release_without_a_table():
 
 
 @pytest.mark.parametrize("arg,release,needle", [
-    (ProfileArg("--kv-cache-dtype", "fp9", ""), "0.21", "not one of"),
-    (ProfileArg("--attention-backend", "WARP_ATTN", ""), "0.21", "not a backend"),
-    (ProfileArg("--attention-backend", "FLASHINFER", ""), "0.24", "refused below SM80"),
-    (ProfileArg("--kv-cache-dtype", "fp8", ""), "0.26", "no SM75 backend"),
-    (ProfileArg("--mamba-cache-mode", "align", ""), "0.33", "deprecated"),
-    (ProfileArg("--mamba-cache-mode", "all", ""), "0.32", "not one of"),
-    (ProfileArg("--compilation-config", '{"cudagraph_mode":"PIECEWISE","capture":[1]}', ""), "0.21", "'capture'"),
-    (ProfileArg("--compilation-config", '{"cudagraph_mode":"HALF"}', ""), "0.21", "HALF"),
-    (ProfileArg("--speculative-config", '{"method":"medusa2","num_speculative_tokens":3}', ""), "0.21", "medusa2"),
-    (ProfileArg("--speculative-config", "{not json", ""), "0.21", "not JSON"),
+    (FilledArg("--kv-cache-dtype", "fp9", ""), "0.21", "not one of"),
+    (FilledArg("--attention-backend", "WARP_ATTN", ""), "0.21", "not a backend"),
+    (FilledArg("--attention-backend", "FLASHINFER", ""), "0.24", "refused below SM80"),
+    (FilledArg("--kv-cache-dtype", "fp8", ""), "0.26", "no SM75 backend"),
+    (FilledArg("--mamba-cache-mode", "align", ""), "0.33", "deprecated"),
+    (FilledArg("--mamba-cache-mode", "all", ""), "0.32", "not one of"),
+    (FilledArg("--compilation-config", '{"cudagraph_mode":"PIECEWISE","capture":[1]}', ""), "0.21", "'capture'"),
+    (FilledArg("--compilation-config", '{"cudagraph_mode":"HALF"}', ""), "0.21", "HALF"),
+    (FilledArg("--speculative-config", '{"method":"medusa2","num_speculative_tokens":3}', ""), "0.21", "medusa2"),
+    (FilledArg("--speculative-config", "{not json", ""), "0.21", "not JSON"),
 ])
 def test_check_args_catches(arg, release, needle):
     problems = check_args([arg], FLAGS["releases"][release], release + ".0")
@@ -129,9 +130,9 @@ def test_check_args_catches(arg, release, needle):
 
 def test_check_args_passes_the_field_arguments_and_negatives():
     rel = FLAGS["releases"]["0.21"]
-    ok = [ProfileArg("--kv-cache-dtype", "fp8", ""), ProfileArg("--no-enable-prefix-caching", None, ""),
-          ProfileArg("--compilation-config", '{"cudagraph_mode":"PIECEWISE","cudagraph_capture_sizes":[4,8]}', ""),
-          ProfileArg("--speculative-config", '{"method":"mtp","num_speculative_tokens":3}', "")]
+    ok = [FilledArg("--kv-cache-dtype", "fp8", ""), FilledArg("--no-enable-prefix-caching", None, ""),
+          FilledArg("--compilation-config", '{"cudagraph_mode":"PIECEWISE","cudagraph_capture_sizes":[4,8]}', ""),
+          FilledArg("--speculative-config", '{"method":"mtp","num_speculative_tokens":3}', "")]
     assert check_args(ok, rel, "0.21.0") == []
 
 
@@ -185,7 +186,8 @@ def test_every_021_profile_is_accepted_by_vllm_021(vllm_parser):
     seen = 0
     for profile in [p for p in table.profiles if "0.21" in p.match.releases()]:
         for model in (QWEN, without_mtp(QWEN)):
-            fill = fill_launch(example_facts(table, profile, vllm.__version__), model, "auto",
+            facts = example_facts(table, profile, vllm.__version__)
+            fill = fill_launch(decide_for_model(facts, model_shape(model.config)), model,
                                read_vllm_args([model.path]), table)
             assert fill.profile == profile.name
             ns = vllm_parser.parse_args(_argv(fill))
@@ -203,7 +205,8 @@ def test_every_021_profile_is_accepted_by_vllm_021(vllm_parser):
 def test_conservative_defaults_are_accepted_by_vllm_021(vllm_parser):
     facts = Facts.from_dict(facts_dict(gpus=[{"index": i, "compute_capability": "7.5", "memory_total_mib": 8192}
                                              for i in range(2)]))
-    fill = fill_launch(facts, QWEN, "auto", read_vllm_args([QWEN.path]), load_table())
+    fill = fill_launch(decide_for_model(facts, model_shape(QWEN.config)), QWEN, read_vllm_args([QWEN.path]),
+                       load_table())
     assert fill.profile == "conservative"
     ns = vllm_parser.parse_args(_argv(fill))
     assert ns.tensor_parallel_size == 2 and ns.disable_custom_all_reduce is True
@@ -211,7 +214,7 @@ def test_conservative_defaults_are_accepted_by_vllm_021(vllm_parser):
 
 @pytest.mark.vllm
 def test_vllm_021_rejects_what_the_validator_rejects(vllm_parser):
-    bad = ProfileArg("--turbo-boost", "1", "")
+    bad = FilledArg("--turbo-boost", "1", "")
     assert check_args([bad], FLAGS["releases"]["0.21"], "0.21.0")
     with pytest.raises(SystemExit) as exc:
         vllm_parser.parse_args([QWEN.path, "--turbo-boost", "1"])

@@ -24,7 +24,7 @@ from .policy.fill_base import LaunchFill
 from .policy.launch_fill import fill_launch
 from .policy.multinode import plan_nodes
 from .policy.node import HEAD_VAR, MARK_PREFIX, NodeSummary, summarise
-from .policy.plan import FilledArg, Plan, make_plan
+from .policy.plan import Plan, make_plan
 from .policy.profiles import load_table
 from .policy.vllm_args import LaunchNumbers, VllmArgs, check_launch_args, read_vllm_args
 from .runtime import flashinfer_probe as fp
@@ -114,7 +114,7 @@ def plan_launch(env: Mapping[str, str], args: VllmArgs, cli: Mapping[str, Any] |
                           model_unknown=unread_model(args.model, model))
     fill = (_profile_fill(decision, args, checked.numbers, model)
             if checked and not refused and settings.active else None)
-    filled = [FilledArg(a.flag, a.value, a.reason) for a in fill.args] if fill else []
+    filled = list(fill.args) if fill else []
     if fill and not args.given("--kv-cache-dtype"):
         decision = decision.with_kv_cache_dtype(next((f.value for f in filled if f.flag == "--kv-cache-dtype"), None))
 
@@ -184,8 +184,7 @@ def _profile_fill(decision: Decision, args: VllmArgs, numbers: LaunchNumbers, mo
     table = load_table()
     if settings.profile not in ("auto", "none"):
         table.by_name(settings.profile, settings.where("profile"))   # an unknown name: named where it was given
-    fill = fill_launch(decision.facts, model, settings.profile, args, table, numbers, turbo=decision.turbo,
-                       fixes=decision.fixes)
+    fill = fill_launch(decision, model, args, table, numbers)
     return replace(fill, lines=(*fill.lines, *(f"model: {n}" for n in (model.notes if model else ()))))
 
 

@@ -60,6 +60,12 @@ class Decision:
                                            kv_cache_dtype))
 
 
+def decide_for_model(facts: Facts, shape: ModelShape | None, settings: Settings | None = None) -> Decision:
+    """The decision for a machine's facts and a model's shape outside a launch (profile checks,
+    tests): default settings unless given, the model read, no KV dtype given."""
+    return decide(settings or Settings(), facts, shape)
+
+
 def decide(settings: Settings, facts: Facts, shape: ModelShape | None = None,
            kv_cache_dtype: str | None = None, model_unknown: str | None = None) -> Decision:
     """Decide everything for these settings and facts (see the module docstring)."""

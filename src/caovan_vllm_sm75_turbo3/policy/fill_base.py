@@ -14,12 +14,16 @@ COMPILATION = "--compilation-config"
 
 
 @dataclass(frozen=True)
-class ProfileArg:
-    """One vLLM argument to add (value None: a flag without a value) and why."""
+class FilledArg:
+    """A vLLM argument the user did not give that a launch profile fills (value None: a flag
+    without a value), and why."""
 
     flag: str
     value: str | None
     reason: str
+
+    def argv(self) -> list[str]:
+        return [self.flag] if self.value is None else [self.flag, self.value]
 
 
 @dataclass(frozen=True)
@@ -27,7 +31,7 @@ class LaunchFill:
     """What the profile step decided."""
 
     profile: str | None            # the profile's name, "conservative", or None (none/off)
-    args: tuple[ProfileArg, ...] = ()
+    args: tuple[FilledArg, ...] = ()
     lines: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
     memory: MemoryPlan | None = None
@@ -41,7 +45,7 @@ class Filler:
     def __init__(self, args: VllmArgs, numbers: LaunchNumbers) -> None:
         self.user = args
         self.numbers = numbers  # the user's numeric arguments, checked: the only ones used
-        self.args: list[ProfileArg] = []
+        self.args: list[FilledArg] = []
         self.lines: list[str] = []
         self.warnings: list[str] = []
         self.failures: list[str] = []
@@ -75,4 +79,4 @@ class Filler:
         if self.given(flag):
             self.kept(flag, "the profile would use " + ("the flag" if text is None else text))
             return
-        self.args.append(ProfileArg(flag, text, reason))
+        self.args.append(FilledArg(flag, text, reason))

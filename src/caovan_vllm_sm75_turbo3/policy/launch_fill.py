@@ -1,7 +1,8 @@
 """Fill the vLLM arguments the user did not give, from a launch profile and the release table.
 
-`fill_launch` is pure: facts, the model directory's facts, the profile setting, the user's
-vLLM arguments and the profile table in; the arguments to add (each with its reason), the
+`fill_launch` is pure: the process's one decision (its facts, profile setting, Turbo decision
+and our upstream-bug fixes), the model directory's facts, the user's vLLM arguments and the
+profile table in; the arguments to add (each with its reason), the
 memory arithmetic and the decisions as lines, and warnings out. A value the user gave is
 never replaced: it is used for the arithmetic and reported as kept. Rules that hold for
 every profile live here, not in the data:
@@ -9,8 +10,9 @@ every profile live here, not in the data:
   (`--attention-backend CUSTOM`, plugin/attention) from 0.24 where the Turbo hook gives our
   kernel tensor cores; FlashInfer attention only where the release still runs it below SM80;
 - speculative decoding (MTP) only when the checkpoint has MTP weights;
-- with MTP on a hybrid GDN model, PIECEWISE CUDA graphs (FULL graphs corrupt the output)
-  with capture sizes for max-num-seqs x (1 + draft tokens);
+- with MTP on a hybrid GDN model, PIECEWISE CUDA graphs (FULL graphs garbled output in the field)
+  unless our engine check proved FULL_AND_PIECEWISE exact for the release, attention backend and
+  KV dtype (data/engine_proofs.json), with capture sizes for max-num-seqs x (1 + draft tokens);
 - `--disable-custom-all-reduce` with tensor parallel > 1;
 - `--mamba-cache-mode align` with prefix caching on a hybrid model, where it has an effect.
 """
@@ -20,15 +22,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from ..config import Settings
-from ..runtime.facts import Facts
 from ..runtime.model import ModelFacts, ModelShape, model_shape
 from . import vllm_versions as vv
 from .fill_attention import KV_BYTES, fill_attention_backend, fill_kv_cache_dtype
 from .fill_base import Filler, LaunchFill
 from .fill_decode import fill_cuda_graphs, fill_speculative, prefix_hazard_line
 from .memory_plan import MemoryInputs, MemoryPlan, plan_memory
-from .turbo import TurboDecision, decide_turbo
+from .decision import Decision
 from .upstream_bugs import UpstreamBug, bugs_for, wrong_output_with_prefix_cache
 from .profiles import Profile, ProfileTable, Setup, matches, missed_rule, select, setup_of
 from .vllm_args import AUTO_LEN, LaunchNumbers, VllmArgs, check_launch_args
@@ -73,15 +73,15 @@ def _model_line(shape: ModelShape, model: ModelFacts, family: str | None) -> str
             f"{shape.mtp_layers} MTP layer(s) declared, {mtp}, {quant}, checkpoint {size}")
 
 
-def fill_launch(facts: Facts, model: ModelFacts | None, profile_setting: str, args: VllmArgs,
-                table: ProfileTable, numbers: LaunchNumbers | None = None,
-                turbo: TurboDecision | None = None, fixes: tuple[str, ...] = ()) -> LaunchFill:
+def fill_launch(decision: Decision, model: ModelFacts | None, args: VllmArgs, table: ProfileTable,
+                numbers: LaunchNumbers | None = None) -> LaunchFill:
     """Decide the vLLM arguments to add for this machine and model (see the module doc).
 
     `numbers` are the user's numeric arguments as the launch checked them (check_launch_args);
     without them they are read here, and a value that does not pass counts as not given.
-    `turbo` is the plan's Turbo decision (None: the one for default settings and these facts);
-    `fixes` the upstream-bug fixes our plugin installs in this launch's vLLM (Decision.fixes)."""
+    `decision` is the process's one decision: its settings' profile, its facts, its Turbo decision
+    and the upstream-bug fixes our plugin installs in this launch's vLLM (Decision.fixes)."""
+    facts, profile_setting, turbo, fixes = decision.facts, decision.settings.profile, decision.turbo, decision.fixes
     if profile_setting == "none":
         return LaunchFill(None)  # the user's arguments only, nothing to explain
     if not facts.sm75_count:
@@ -104,7 +104,6 @@ def fill_launch(facts: Facts, model: ModelFacts | None, profile_setting: str, ar
     tp = _fill_tensor_parallel(f, launch, facts.sm75_count, shape, planned)
     _fill_dtype(f, launch)
     _check_user_dtype(f)
-    turbo = turbo or decide_turbo(facts, Settings(), facts.versions.triton)
     kv = fill_kv_cache_dtype(f, launch, version, turbo)
     fill_attention_backend(f, launch, version, kv)
     hazard = wrong_output_with_prefix_cache(version, shape.is_hybrid, fixes)

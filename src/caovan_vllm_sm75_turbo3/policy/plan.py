@@ -20,22 +20,11 @@ from .checks import CheckResult, Status, rollup, run_checks, sm75_line
 from .guards import (CacheState, EnvChange, GuardResult, arch_guard, cache_guard, ray_copy_guard, sampler_guard,
                      timeout_guard)
 from .decision import Decision
+from .fill_base import FilledArg
 from .multinode import NodesPlan
 from .vllm_args import VllmArgs
 
 POST_START_WARMUP = "disabled-default"  # never warm up from inside the server: it raced the first compile
-
-
-@dataclass(frozen=True)
-class FilledArg:
-    """A vLLM argument the user did not give that a launch profile fills, and why."""
-
-    flag: str
-    value: str | None  # None for a flag without a value
-    reason: str
-
-    def argv(self) -> list[str]:
-        return [self.flag] if self.value is None else [self.flag, self.value]
 
 
 @dataclass(frozen=True)

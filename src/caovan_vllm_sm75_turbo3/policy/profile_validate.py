@@ -17,12 +17,13 @@ from importlib import resources
 from typing import Any
 
 from ..runtime.facts import Facts, GpuFact, HostFacts, Versions
-from ..runtime.model import ModelFacts
+from ..runtime.model import ModelFacts, model_shape
 from . import vllm_versions as vv
 from .attention import fp8_kv_on_sm75
 from .check_result import Status
 from .checks import check_host_memory
-from .fill_base import ProfileArg
+from .decision import decide_for_model
+from .fill_base import FilledArg
 from .launch_fill import fill_launch
 from .profiles import Profile, ProfileTable, overlapping
 from .vllm_args import read_vllm_args
@@ -61,7 +62,7 @@ def _json_keys(flag: str, raw: str | None, keys: Sequence[str], enums: Mapping[s
     return out
 
 
-def check_args(args: Iterable[ProfileArg], release: Mapping[str, Any], version: str) -> list[str]:
+def check_args(args: Iterable[FilledArg], release: Mapping[str, Any], version: str) -> list[str]:
     """What in `args` vLLM `version` (its flag table entry `release`) would not accept, or
     could not serve on SM75."""
     flags = set(release["flags"])
@@ -137,7 +138,8 @@ def validate_table(table: ProfileTable, flag_table: Mapping[str, Any],
                 problems.append(Problem(profile.name, mm, f"our own check refuses its documented minimum: "
                                         f"host-memory=FAIL ({host.detail})"))
             for model in [m for ex in examples for m in (ex, without_mtp(ex))]:
-                fill = fill_launch(facts, model, "auto", read_vllm_args([model.path]), table)
+                fill = fill_launch(decide_for_model(facts, model_shape(model.config)), model,
+                                   read_vllm_args([model.path]), table)
                 if fill.profile != profile.name:
                     problems.append(Problem(profile.name, mm, f"its own example machine selects {fill.profile}"))
                 problems += [Problem(profile.name, mm, p) for p in check_args(fill.args, releases[mm], version)]
@@ -146,6 +148,7 @@ def validate_table(table: ProfileTable, flag_table: Mapping[str, Any],
         facts = Facts(gpus=[GpuFact(index=i, compute_capability="7.5", memory_total_mib=8192) for i in range(2)],
                       host=HostFacts(memory_total_mib=32768), versions=Versions(vllm=version))
         for model in [m for exs in models.values() for ex in exs for m in (ex, without_mtp(ex))]:
-            fill = fill_launch(facts, model, "auto", read_vllm_args([model.path]), table)
+            fill = fill_launch(decide_for_model(facts, model_shape(model.config)), model,
+                               read_vllm_args([model.path]), table)
             problems += [Problem("conservative", mm, p) for p in check_args(fill.args, releases[mm], version)]
     return problems
