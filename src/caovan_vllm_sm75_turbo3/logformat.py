@@ -70,6 +70,13 @@ def not_applied_line(pid: int, err: object) -> str:
 TURBO_PREFIX = f"{PRODUCT}:"
 TURBO_LINE = re.compile(rf"^{PRODUCT}: (?P<state>turbo=.*)$")
 GDN_PREFIX = f"{PRODUCT} GDN prefill:"
+# The `gdn_legacy=` values besides an interface family's name (which means ours serves GDN prefill);
+# `at-model-load` is also `turbo3=`'s for a model not readable where the plan was made.
+GDN_NO_LAYERS = "no-gdn-layers"
+GDN_DISABLED = "disabled-by-user"
+GDN_UPSTREAM = "upstream"
+AT_MODEL_LOAD = "at-model-load"
+GDN_WORDS = (GDN_NO_LAYERS, GDN_DISABLED, GDN_UPSTREAM, AT_MODEL_LOAD)
 GDN_STATE = re.compile(rf"^{PRODUCT} GDN prefill: (?P<state>gdn_legacy=\S+ interface=.*)$")
 ATTENTION_PREFIX = f"{PRODUCT} attention:"
 ATTENTION_STATE = re.compile(rf"^{PRODUCT} attention: (?P<state>attention_backend=\S+ interface=.*)$")

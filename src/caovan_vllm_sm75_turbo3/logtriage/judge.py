@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ..logformat import GDN_DISABLED
 from ..policy import vllm_versions as vv
 from .evidence import APPLIED, KIND_WORDS, Evidence, Sign
 from .results import Failure, Finding
@@ -194,7 +195,7 @@ def _crash_after_serving(ev: Evidence, found: dict[str, Finding]) -> None:
 def _no_advice_for_what_is_applied(ev: Evidence, found: dict[str, Finding]) -> None:
     """A fix never asks for what the log shows already applied: our banner's gdn_legacy=disabled-by-user
     (CAOVAN_GDN_LEGACY_DISABLE=1), the launch's own --disable-custom-all-reduce (evidence.APPLIED)."""
-    gdn_off = ev.caovan.status.get("gdn_legacy") == "disabled-by-user"
+    gdn_off = ev.caovan.status.get("gdn_legacy") == GDN_DISABLED
     for f in found.values():
         if gdn_off and "CAOVAN_GDN_LEGACY_DISABLE=1" in f.fix:
             f.fix = ("CAOVAN_GDN_LEGACY_DISABLE=1 was already in effect (this log's banner says "

@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from ..logformat import GDN_DISABLED, GDN_UPSTREAM
+
 # What our banner's values mean, for the summary (docs/design.md's status lines).
 STATUS_MEANINGS: dict[tuple[str, str], str] = {
     ("runtime", "PASS"): "our runtime checks passed",
@@ -14,8 +16,8 @@ STATUS_MEANINGS: dict[tuple[str, str], str] = {
                           "where an SM75 GPU is visible; elsewhere nothing of ours applies"),
     ("flashinfer_sampler", "disabled-sm75-guard"): "FlashInfer sampler off by the SM75 guard (PyTorch sampler)",
     ("post_start_warmup", "disabled-default"): "no automatic warmup: run caovan-sm75-warmup after start",
-    ("gdn_legacy", "disabled-by-user"): "vLLM's own GDN prefill kept (CAOVAN_GDN_LEGACY_DISABLE=1)",
-    ("gdn_legacy", "upstream"): "vLLM's own GDN prefill (ours is not active)",
+    ("gdn_legacy", GDN_DISABLED): "vLLM's own GDN prefill kept (CAOVAN_GDN_LEGACY_DISABLE=1)",
+    ("gdn_legacy", GDN_UPSTREAM): "vLLM's own GDN prefill (ours is not active)",
     ("turbo3", "active"): "our accelerated SM75 path is active",
     ("turbo3", "inactive"): "our accelerated SM75 path is not active (guards only)",
 }

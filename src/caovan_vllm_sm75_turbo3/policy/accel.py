@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config import Settings
+from ..logformat import AT_MODEL_LOAD, GDN_DISABLED, GDN_NO_LAYERS, GDN_UPSTREAM
 from ..runtime.facts import Facts
 from ..runtime.model import ModelShape
 from . import vllm_versions as vv
@@ -39,10 +40,10 @@ def gdn_state(facts: Facts, settings: Settings, release: vv.Release, turbo: Turb
     """What serves GDN prefill with these facts, settings, vLLM release and Turbo decision, for the
     model of `shape` (None: not known, judged as the hybrid models we are made for)."""
     if shape is not None and not shape.is_hybrid:
-        return GdnState("no-gdn-layers", False, (
+        return GdnState(GDN_NO_LAYERS, False, (
             f"the model ({shape.architecture or shape.model_type or 'config.json'}) has no GDN layers",), turbo)
     if settings.gdn_legacy_disable:
-        return GdnState("disabled-by-user", False, (
+        return GdnState(GDN_DISABLED, False, (
             f"CAOVAN_GDN_LEGACY_DISABLE=1 ({settings.source('gdn_legacy_disable')}) keeps vLLM's own GDN prefill",),
             turbo)
     reasons = []
@@ -59,7 +60,7 @@ def gdn_state(facts: Facts, settings: Settings, release: vv.Release, turbo: Turb
     if not reasons and not turbo.serves(GDN_KERNELS):
         reasons.append(turbo.not_served_reason("our GDN prefill") + ", so vLLM's own stays in charge")
     if reasons:
-        return GdnState("upstream", False, tuple(reasons), turbo)
+        return GdnState(GDN_UPSTREAM, False, tuple(reasons), turbo)
     # The active path is named by its interface family; plugin/dispatch confirms it in each vLLM
     # process (interface checks, precompile, self-check).
     return GdnState(str(family), True, (
@@ -67,7 +68,6 @@ def gdn_state(facts: Facts, settings: Settings, release: vv.Release, turbo: Turb
         "our prefill replaces ChunkGatedDeltaRule",), turbo)
 
 
-AT_MODEL_LOAD = "at-model-load"   # the `gdn_legacy=` and `turbo3=` value for a model not readable here
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ def turbo3_state(facts: Facts, settings: Settings, gdn: GdnState, attention: Att
     turbo, version = gdn.turbo, facts.versions.vllm
     paths: list[str] = []
     reasons: list[str] = []
-    if gdn.line == "no-gdn-layers":
+    if gdn.line == GDN_NO_LAYERS:
         reasons += gdn.reasons
     elif gdn.active:
         paths.append("GDN prefill: ours, on tensor cores")
@@ -124,6 +124,6 @@ def turbo3_state(facts: Facts, settings: Settings, gdn: GdnState, attention: Att
             paths.append("attention: ours (fp8 KV on vLLM 0.24+), on tensor cores")
         elif attention.family is not None:
             reasons.append(f"attention: {problem}")
-    if not paths and gdn.line == "no-gdn-layers" and len(reasons) == 1:
+    if not paths and gdn.line == GDN_NO_LAYERS and len(reasons) == 1:
         reasons.append("attention: vLLM's own serves it (nothing of ours for this model's attention)")
     return Turbo3(bool(paths), tuple(paths), tuple(reasons))

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...logformat import GDN_DISABLED as DISABLED
+from ...logformat import GDN_UPSTREAM as UPSTREAM
 from ...logformat import dispatch_failed_line
-
-# `gdn_legacy=` values besides the interface family's name, which means "ours is active".
-DISABLED = "disabled-by-user"
-UPSTREAM = "upstream"
 
 UPSTREAM_KERNEL = "vllm-upstream"
 
