@@ -38,7 +38,7 @@ def runs(tmp_path_factory) -> dict:
              # vLLM 0.27's CPU build copies GDN states with a Triton kernel when speculation meets
              # prefix caching on a hybrid model; without Triton there, that pair cannot run.
              "on-ngram": (["--device", "cpu", "--ngram", "--no-prefix-caching"], {}),
-             "on-long": (["--device", "cpu", "--long-context", "3584", "2560", "--chunk", "1024"], {})}
+             "on-long": (["--device", "cpu", "--long-context", "3584", "2560", "--chunk", "1024", "--profile"], {})}
     logs = {}
     for name, (args, extra) in modes.items():
         env = lane_env(root / f"home-{name}", CAOVAN_FACTS=str(ENGINE / "facts-sm75-proxy.json"), **extra)
@@ -114,3 +114,18 @@ def test_the_long_context_rows_read_the_last_chunk_alone_and_the_kv_capacity(run
         cap = _load(runs, name)["kv_capacity"]
         assert cap["tokens"] == cap["blocks"] * cap["block_size"] > 0
     assert runs["summary"]["kv_capacity_tokens"]["on"] == runs["summary"]["kv_capacity_tokens"]["off"]
+
+
+def test_the_profile_rows_hold_each_row_with_its_tables_and_the_weights(runs):
+    """--profile on a real vLLM (its CPU build: CPU ops stand in for kernels): every row the
+    projection reads, each a table whose sums hold, and the weights by kind."""
+    run = _load(runs, "on-long")
+    prof = run["profile"]
+    assert set(prof) == {"decode_1024", "late_chunk_3584", "decode_at_3584", "late_chunk_2560", "decode_at_2560"}
+    for name, row in prof.items():
+        assert row["kernels"] and row["launches"] == sum(k["calls"] for k in row["kernels"]) > 0, name
+        assert abs(row["gpu_us"] - sum(k["us"] for k in row["kernels"])) < 1e-3 * max(row["gpu_us"], 1)
+        assert row["tokens"] == (engine_check.DECODE_TOKENS if name.startswith("decode") else 1024)
+        assert 0 < row["wall_s"] < 600
+    assert {"matrix", "lm_head", "embedding"} <= set(run["weights"])
+    assert all(w["elements"] > 0 and w["bytes"] >= w["elements"] for w in run["weights"].values())

@@ -575,7 +575,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="for each length: time a whole prompt this long, its last --chunk alone, and "
                              "decode at its depth (--max-model-len defaults to fit the longest)")
     parser.add_argument("--profile", action="store_true",
-                        help="run each row once more under torch's profiler: per-kernel GPU time (kernel_profile.py)")
+                        help="run each row once more under torch's profiler: per-kernel GPU time (kernel_profile.py); "
+                             "prefill rows with --speed")
     parser.add_argument("--repeats", type=int, default=REPEATS, help=f"timed repeats of each speed row (default {REPEATS})")
     args = parser.parse_args(argv)
     if not args.max_model_len:
@@ -642,8 +643,8 @@ def main(argv: list[str] | None = None) -> int:
                                   for i, n in enumerate(args.long_context)]
     if args.profile:
         result["weights"] = llm.apply_model(weight_census)[0]
-        result["profile"] = profile_rows(llm, random.Random(5), ids, tuple(args.prefill_speed), args.long_context,
-                                         args.chunk)
+        result["profile"] = profile_rows(llm, random.Random(5), ids, tuple(args.prefill_speed) if args.speed else (),
+                                         args.long_context, args.chunk)
     if shim is not None:
         result["sm75_ptx_kernels"] = shim["kernels"]
     Path(args.out).write_text(json.dumps(result, indent=1))

@@ -50,16 +50,22 @@ def row(kernels: dict[str, dict[str, float]], tokens: int, wall_s: float) -> dic
 
 
 def profiled(run: Callable[[], Any]) -> tuple[dict[str, dict[str, float]], float]:
-    """run() under torch's profiler: its GPU events as a table, and its wall seconds."""
+    """run() under torch's profiler: its GPU events as a table, and its wall seconds. Without a GPU
+    (vLLM's CPU build, the serve lane) the table holds the CPU ops' own time instead."""
     import torch
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    gpu = torch.cuda.is_available()
+    sync = torch.cuda.synchronize if gpu else (lambda: None)
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA if gpu else ProfilerActivity.CPU]) as prof:
         t0 = time.perf_counter()
         run()
-        torch.cuda.synchronize()
+        sync()
         wall = time.perf_counter() - t0
-    gpu = [(e.name, e.time_range.elapsed_us()) for e in prof.events() if e.device_type == DeviceType.CUDA]
-    return table(gpu), wall
+    if gpu:
+        events = [(e.name, e.time_range.elapsed_us()) for e in prof.events() if e.device_type == DeviceType.CUDA]
+    else:
+        events = [(e.name, e.self_cpu_time_total) for e in prof.events() if e.device_type == DeviceType.CPU]
+    return table(events), wall

@@ -120,7 +120,9 @@ class Shapes:
     @classmethod
     def of(cls, config: dict[str, Any], weights: dict[str, Any]) -> "Shapes":
         t = config.get("text_config", config)
-        types = t["layer_types"]
+        # Qwen3.5/3.6 list the layer types; Qwen3-Next gives every n-th layer full attention
+        types = t.get("layer_types") or ["full_attention" if (i + 1) % t["full_attention_interval"] == 0
+                                         else "linear_attention" for i in range(t["num_hidden_layers"])]
         return cls(hidden=t["hidden_size"], gdn_layers=types.count("linear_attention"),
                    attn_layers=types.count("full_attention"), k_heads=t["linear_num_key_heads"],
                    v_heads=t["linear_num_value_heads"], head_k=t["linear_key_head_dim"],

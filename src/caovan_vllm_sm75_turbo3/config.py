@@ -37,6 +37,21 @@ def _setting(default: Any, doc: str, *, kind: str | None = None, choices: tuple[
 
 
 @dataclass(frozen=True)
+class Source:
+    """Where a setting's value came from: `default`, `env` (the variable), `additional-config`
+    (the key) or `flag` (our CLI flag). Its text is what plan lines and errors print."""
+
+    kind: str     # default, env, additional-config or flag
+    name: str = ""
+
+    def __str__(self) -> str:
+        return self.kind if self.kind == "default" else f"{self.kind} {self.name}"
+
+
+DEFAULT_SOURCE = Source("default")
+
+
+@dataclass(frozen=True)
 class Settings:
     """Validated settings. `sources[name]` says where each value came from."""
 
@@ -81,7 +96,7 @@ class Settings:
         "auto", "Launch profile: a profile name, auto (match the hardware and model) or none.",
         cli_flag="--profile", accepts="auto, none or a profile name")
 
-    sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+    sources: Mapping[str, Source] = field(default_factory=dict, compare=False, repr=False)
     warnings: tuple[str, ...] = field(default=(), compare=False, repr=False)
 
     @property
@@ -89,16 +104,20 @@ class Settings:
         """True when the plugin should do anything at all."""
         return self.enable and self.mode != "off"
 
+    def origin(self, name: str) -> Source:
+        """Where `name` came from."""
+        return self.sources.get(name, DEFAULT_SOURCE)
+
     def source(self, name: str) -> str:
-        """Where `name` came from: default, env CAOVAN_X, additional-config key, or a CLI flag."""
-        return self.sources.get(name, "default")
+        """Where `name` came from, as text: default, env CAOVAN_X, additional-config key, or a CLI flag."""
+        return str(self.origin(name))
 
     def where(self, name: str) -> str:
         """How an error names the place `name` was given, as the parser's errors do."""
-        kind, _, what = self.source(name).partition(" ")
-        if kind == "additional-config":
-            return f"--additional-config key {what!r}"
-        return what if kind in ("env", "flag") else ENV_PREFIX + name.upper()
+        got = self.origin(name)
+        if got.kind == "additional-config":
+            return f"--additional-config key {got.name!r}"
+        return got.name if got.kind in ("env", "flag") else ENV_PREFIX + name.upper()
 
 
 @dataclass(frozen=True)
@@ -238,7 +257,7 @@ def load_settings(env: Mapping[str, str] | None = None,
               else _checked_config(additional_config))
     all_specs = specs()
     values: dict[str, Any] = {}
-    sources: dict[str, str] = {}
+    sources: dict[str, Source] = {}
     warnings: list[str] = []
 
     known_env = {s.env_var for s in all_specs}
@@ -256,14 +275,14 @@ def load_settings(env: Mapping[str, str] | None = None,
     for spec in all_specs:
         if spec.env_var in env:
             values[spec.name] = _parse(spec, env[spec.env_var], spec.env_var)
-            sources[spec.name] = f"env {spec.env_var}"
+            sources[spec.name] = Source("env", spec.env_var)
         if spec.config_key in config:
             values[spec.name] = _parse(spec, config[spec.config_key],
                                        f"--additional-config key {spec.config_key!r}")
-            sources[spec.name] = f"additional-config {spec.config_key}"
+            sources[spec.name] = Source("additional-config", spec.config_key)
         if cli and cli.get(spec.name) is not None:
             values[spec.name] = _parse(spec, cli[spec.name], spec.cli_flag or spec.name)
-            sources[spec.name] = f"flag {spec.cli_flag or spec.name}"
+            sources[spec.name] = Source("flag", spec.cli_flag or spec.name)
     return replace(Settings(**values), sources=sources, warnings=tuple(warnings))
 
 

@@ -17,7 +17,7 @@ from typing import Any
 from .caches.key import env_key
 from .caches.layout import KeyDir, checked_root, existing_keys, is_empty, prepare
 from .config import Settings, load_settings
-from .logformat import NOTHING_APPLIED
+from .logformat import AppliedMark
 from .policy.decision import Decision, decide
 from .policy.guards import CacheState
 from .policy.fill_base import LaunchFill
@@ -219,9 +219,6 @@ def apply_env(plan: Plan, environ: MutableMapping[str, str], applied_by: str, he
     environ.update(updates)
     if head is not None:
         environ[HEAD_VAR] = head.to_json()
-    if updates:
-        environ[APPLIED_MARK] = applied_by
-    else:
-        why = ("no SM75 GPU visible" if not plan.sm75_gpus
-               else "every variable was the user's or not needed")
-        environ[APPLIED_MARK] = f"{applied_by}{NOTHING_APPLIED}{why}"
+    why = None if updates else ("no SM75 GPU visible" if not plan.sm75_gpus
+                                else "every variable was the user's or not needed")
+    environ[APPLIED_MARK] = AppliedMark(applied_by, why).encode()

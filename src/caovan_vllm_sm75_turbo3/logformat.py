@@ -10,6 +10,7 @@ each line and reads it back). The banner header and `[Caovan] warmup=READY` are 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 PRODUCT = "Caovan SM75 Turbo3"
 
@@ -31,12 +32,29 @@ NOTHING_APPLIED = "; nothing applied: "
 WORKER_LINE = re.compile(rf"^{PRODUCT} v\S+: (?P<what>guards from .+ apply|nothing of ours applies) in this process")
 
 
-def worker_line(version: str, mark: str, pid: int) -> str:
+@dataclass(frozen=True)
+class AppliedMark:
+    """What the first process left for its children in the environment: who applied the guards,
+    and, when it set nothing, why. Encoded and read here only."""
+
+    by: str
+    nothing_because: str | None = None
+
+    def encode(self) -> str:
+        return self.by if self.nothing_because is None else f"{self.by}{NOTHING_APPLIED}{self.nothing_because}"
+
+    @classmethod
+    def decode(cls, value: str) -> "AppliedMark":
+        by, nothing, why = value.partition(NOTHING_APPLIED)
+        return cls(by, why if nothing else None)
+
+
+def worker_line(version: str, mark: AppliedMark, pid: int) -> str:
     """The short line of a process that found the first process's applied `mark`."""
-    who, nothing, why = mark.partition(NOTHING_APPLIED)
-    if nothing:
-        return f"{PRODUCT} v{version}: nothing of ours applies in this process (pid {pid}): {why} (decided by {who})"
-    return f"{PRODUCT} v{version}: guards from {who} apply in this process (pid {pid})"
+    if mark.nothing_because is not None:
+        return (f"{PRODUCT} v{version}: nothing of ours applies in this process (pid {pid}): {mark.nothing_because} "
+                f"(decided by {mark.by})")
+    return f"{PRODUCT} v{version}: guards from {mark.by} apply in this process (pid {pid})"
 
 
 NODE_LINE = re.compile(rf"^{PRODUCT} (?P<state>node .+)$")

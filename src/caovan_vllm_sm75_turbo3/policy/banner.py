@@ -38,5 +38,6 @@ def banner_lines(plan: Plan) -> list[str]:
 
 def worker_line(mark: str, pid: int) -> str:
     """The one short line a vLLM worker logs instead of the banner, true of this process: `mark` is
-    what the first process left (launch.apply_env: who, and why nothing was set if so)."""
-    return logformat.worker_line(__version__, mark, pid)
+    what the first process left in the environment (launch.apply_env: who, and why nothing was set
+    if so), as it was found there."""
+    return logformat.worker_line(__version__, logformat.AppliedMark.decode(mark), pid)
