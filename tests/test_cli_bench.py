@@ -172,3 +172,39 @@ def test_max_num_seqs_is_read_from_the_listening_process():
     start = time.monotonic()
     assert learn_max_num_seqs(f"http://127.0.0.1:{port}")[0] is None
     assert time.monotonic() - start < 5
+
+
+@pytest.mark.parametrize("argv,want", [
+    (["vllm", "serve", "m", "--compilation-config", '{"cudagraph_mode":"PIECEWISE","cudagraph_capture_sizes":[1,2]}'],
+     "PIECEWISE"),
+    (["vllm", "serve", "m", '--compilation-config={"cudagraph_mode":"full_and_piecewise"}'], "FULL_AND_PIECEWISE"),
+    (["vllm", "serve", "m", "-O.cudagraph_mode", "FULL"], "FULL"),
+    (["vllm", "serve", "m", "--compilation-config.cudagraph_mode=PIECEWISE"], "PIECEWISE"),
+    (["vllm", "serve", "m", "-O.cudagraph_mode", "FULL", "--enforce-eager"], "NONE"),
+    (["vllm", "serve", "m", "--compilation-config", "{not json"], None),
+    (["vllm", "serve", "m", "--compilation-config", '{"level":3}'], None),
+    (["vllm", "serve", "m"], None),
+])
+def test_the_cuda_graph_mode_asked_on_the_command_line(argv, want):
+    from caovan_vllm_sm75_turbo3.bench.server_args import cudagraph_mode
+    assert cudagraph_mode(argv) == want
+
+
+def test_the_bench_reads_the_cuda_graph_mode_of_the_process_on_its_port():
+    from caovan_vllm_sm75_turbo3.bench.server_args import learn_cudagraph_mode
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = (f"import socket,time; s=socket.socket(); s.bind(('127.0.0.1', {port})); s.listen(); "
+            "print('up', flush=True); time.sleep(30)")
+    proc = subprocess.Popen([sys.executable, "-c", code, "--compilation-config", '{"cudagraph_mode":"PIECEWISE"}'],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "up"
+        mode, how = learn_cudagraph_mode(f"http://127.0.0.1:{port}")
+        assert mode == "PIECEWISE" and f"process {proc.pid}" in how and "as asked" in how
+    finally:
+        proc.kill()
+        proc.wait()
+    mode, how = learn_cudagraph_mode("http://10.0.0.5:8000")
+    assert mode is None and "another machine" in how

@@ -109,11 +109,14 @@ def _server_line(report: BenchReport) -> str:
 
 
 def summary_lines(report: BenchReport) -> list[str]:
-    """The lines under the table: MTP acceptance, the comparison, the likely causes, the notes."""
+    """The lines under the table: MTP acceptance, the CUDA graphs asked for, the comparison, the likely
+    causes, the notes."""
     lines = []
     mtp = report.mtp
     lines.append("MTP acceptance: " + (f"{mtp.rate:.1%} ({mtp.accepted:.0f} of {mtp.draft:.0f} draft tokens)"
                                        if mtp else "none (the server reports no speculative-decoding counters)"))
+    graphs = report.server.get("cudagraph_mode")
+    lines.append(f"CUDA graphs: {graphs or 'not known'} ({report.server.get('cudagraph_mode_how') or 'not read'})")
     lines.append(_server_line(report))
     lines.append(f"profile: {report.profile['why']}")
     exp = report.expected

@@ -20,7 +20,7 @@ from .measure import Bench, BenchConfig, BenchFailed, default_concurrency, defau
 from .metrics import acceptance, read_counters, server_figures
 from .prefix_probe import OUTPUT_TOKENS as PROBE_OUTPUT, PrefixProbe, run_prefix_probe
 from .report import BenchReport, summarize
-from .server_args import learn_max_num_seqs
+from .server_args import learn_cudagraph_mode, learn_max_num_seqs
 
 _MODELS_TIMEOUT_S = 10.0
 PROBE_PROMPT_TOKENS = 4096   # the prefix probe's default prompt, capped by the server's max_model_len
@@ -73,8 +73,10 @@ def run_bench(opts: BenchOptions, say: Callable[[str], None]) -> BenchReport:
     rows = [summarize(r) for r in runs]
     mtp = acceptance(before, after)
     notes += _token_notes(bench, rows)
+    graphs, graphs_how = learn_cudagraph_mode(opts.api_base)
     report = BenchReport(
-        server={"api_base": client.api_base, "model": ready.model, "max_model_len": ready.max_model_len},
+        server={"api_base": client.api_base, "model": ready.model, "max_model_len": ready.max_model_len,
+                "cudagraph_mode": graphs, "cudagraph_mode_how": graphs_how},
         settings={"prompt_tokens": list(lengths), "output_tokens": opts.output_tokens,
                   "concurrency": list(concurrency), "repeats": opts.repeats,
                   "token_lengths": bench.fitter.token_lengths},
