@@ -148,6 +148,9 @@ def test_bench_agrees_with_the_servers_metrics_and_plots(facts_server, tmp_path)
     row = report["runs"][0]
     server = report["server_metrics"]
     assert server["requests"] == 3 and server["generation_tokens"] == 3 * 64
+    # this server was started without a compilation config: the bench read its process and says so
+    assert report["server"]["cudagraph_mode"] is None
+    assert "asks for no CUDA-graph mode" in report["server"]["cudagraph_mode_how"], report["server"]
     # Tolerance (docs/bench.md): the same requests seen from both ends; decode tok/s per stream within
     # 35 %, TTFT within 50 % or 250 ms. On this 2-core machine the client sometimes gets a whole reply's
     # chunks at its end, most likely the API server starved while the engine computes (2 of 5 runs: TTFT
