@@ -4,6 +4,7 @@ default plans, the server's --max-num-seqs)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import subprocess
@@ -154,20 +155,27 @@ def test_max_num_seqs_flag_forms():
     assert flag_value(["vllm", "--max-num-seqs"]) is None and flag_value(["--max-num-seqs", "x"]) is None
 
 
-def test_max_num_seqs_is_read_from_the_listening_process():
+@contextlib.contextmanager
+def _listening(*args: str):
+    """A process listening on a free loopback port whose command line holds `args`: (port, pid)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     code = (f"import socket,time; s=socket.socket(); s.bind(('127.0.0.1', {port})); s.listen(); "
             "print('up', flush=True); time.sleep(30)")
-    proc = subprocess.Popen([sys.executable, "-c", code, "--max-num-seqs", "3"], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "up"
-        value, how = learn_max_num_seqs(f"http://127.0.0.1:{port}")
-        assert value == 3 and f"process {proc.pid}" in how
+        yield port, proc.pid
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_max_num_seqs_is_read_from_the_listening_process():
+    with _listening("--max-num-seqs", "3") as (port, pid):
+        value, how = learn_max_num_seqs(f"http://127.0.0.1:{port}")
+        assert value == 3 and f"process {pid}" in how
     assert learn_max_num_seqs("http://10.0.0.5:8000") == (None, "the server is on another machine")
     start = time.monotonic()
     assert learn_max_num_seqs(f"http://127.0.0.1:{port}")[0] is None
@@ -192,19 +200,8 @@ def test_the_cuda_graph_mode_asked_on_the_command_line(argv, want):
 
 def test_the_bench_reads_the_cuda_graph_mode_of_the_process_on_its_port():
     from caovan_vllm_sm75_turbo3.bench.server_args import learn_cudagraph_mode
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    code = (f"import socket,time; s=socket.socket(); s.bind(('127.0.0.1', {port})); s.listen(); "
-            "print('up', flush=True); time.sleep(30)")
-    proc = subprocess.Popen([sys.executable, "-c", code, "--compilation-config", '{"cudagraph_mode":"PIECEWISE"}'],
-                            stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout.readline().strip() == "up"
+    with _listening("--compilation-config", '{"cudagraph_mode":"PIECEWISE"}') as (port, pid):
         mode, how = learn_cudagraph_mode(f"http://127.0.0.1:{port}")
-        assert mode == "PIECEWISE" and f"process {proc.pid}" in how and "as asked" in how
-    finally:
-        proc.kill()
-        proc.wait()
+        assert mode == "PIECEWISE" and f"process {pid}" in how and "as asked" in how
     mode, how = learn_cudagraph_mode("http://10.0.0.5:8000")
     assert mode is None and "another machine" in how
