@@ -151,6 +151,23 @@ def test_a_pasted_log_longer_than_a_line_may_be_is_split_not_cut():
     assert fast["verdict"] == "fatal" and "illegal memory access" in fast["first_failure"]["text"]
 
 
+def test_a_paste_whose_last_lines_cross_a_read_chunk_is_still_split():
+    """The reader reads in CHUNK_BYTES; a paste's end that arrives in the next read is short, and is
+    split all the same (it once stayed one line, hiding the traceback's error behind its header)."""
+    from caovan_vllm_sm75_turbo3.logtriage.reader import CHUNK_BYTES
+    tail = (b" ERROR 12-05 01:03:00 [core.py:9] EngineCore failed to start. ERROR 12-05 01:03:00 [core.py:9] "
+            b"Traceback (most recent call last): ERROR 12-05 01:03:00 [core.py:9]   File \"/v/x.py\", line 3, in f "
+            b"ERROR 12-05 01:03:00 [core.py:9] RuntimeError: CUDA error: an illegal memory access was encountered")
+    step = b"INFO 12-05 01:02:%02d [x.py:1] step %d of the start"
+    for n in range(600, 660):   # every way the end can straddle the first chunk's edge
+        data = b" ".join(step % (i % 60, i) for i in range(n)) + tail
+        if not CHUNK_BYTES - len(tail) <= len(data) - 60 <= CHUNK_BYTES + len(tail):
+            continue
+        fast, slow = both(data)
+        assert fast == slow, n
+        assert fast["verdict"] == "fatal" and "illegal memory access" in fast["first_failure"]["text"], n
+
+
 def test_an_unknown_prefix_is_learnt_only_where_vllms_line_follows_it():
     """A repeated start of the message itself (every line 'Avg prompt throughput: ...') is no prefix."""
     lines = [b"INFO 12-05 01:02:%02d [loggers.py:1] Avg prompt throughput: %d.0 tokens/s\n" % (i % 60, i)

@@ -150,13 +150,14 @@ def learn_prefix(raws: list[bytes]) -> LearntPrefix | None:
     return LearntPrefix(re.compile(pattern), shape.rstrip()[-1:].encode("ascii", "replace"))
 
 
-def split_pasted(line: bytes) -> list[bytes]:
+def split_pasted(line: bytes, min_bytes: int = PASTED_MIN_BYTES) -> list[bytes]:
     """A line holding several of vLLM's lines (a log pasted without its newlines) split where each
-    began (its worker prefix or logger header, or a traceback's first line); any other line alone."""
-    if len(line) < PASTED_MIN_BYTES or line.count(b"] ") + line.count(b"Traceback (") < 2:
+    began (its worker prefix or logger header, or a traceback's first line); any other line alone.
+    `min_bytes` 0: the end of a paste already found, whatever its length."""
+    if len(line) < min_bytes or line.count(b"] ") + line.count(b"Traceback (") < 2:
         return [line]
     cuts = [m.start() for m in _PASTED_SPLIT.finditer(line, 1)]
-    if len(cuts) < 2:   # one line with something after it that looks like a start
+    if len(cuts) < (2 if min_bytes else 1):   # one line with something after it that looks like a start
         return [line]
     return [p for p in (line[a:b] for a, b in zip([0, *cuts], [*cuts, len(line)])) if p.strip()]
 
@@ -182,6 +183,7 @@ def numbered_lines(stream: BinaryIO) -> Iterator[tuple[int, bytes]]:
     rest = b""          # the unfinished last line of the chunks so far (at most MAX_LINE_BYTES)
     head: bytes | None = None   # an over-long line's first KEEP_BYTES, while its end is awaited
     tail = b""          # and its last KEEP_BYTES so far
+    pasted = False      # `rest` is what is left of a paste split already: split its end too, however short
     while chunk := stream.read(CHUNK_BYTES):
         if head is not None:   # inside an over-long line: look for its end
             nl = chunk.find(b"\n")
@@ -195,24 +197,28 @@ def numbered_lines(stream: BinaryIO) -> Iterator[tuple[int, bytes]]:
         chunk = b""   # the lines hold its bytes now: not twice
         lines[0] = rest + lines[0]
         rest = lines.pop()
-        for line in lines:
+        for i, line in enumerate(lines):
             number += 1
-            if len(line) >= PASTED_MIN_BYTES and len(pieces := split_pasted(line)) > 1:
+            least = 0 if pasted and i == 0 else PASTED_MIN_BYTES
+            if len(line) >= least and len(pieces := split_pasted(line, least)) > 1:
                 yield from ((number, _capped(p)) for p in pieces)
                 continue
             if len(line) > MAX_LINE_BYTES:   # the test inline: a call per line costs at tens of MB/s
                 line = _capped(line)
             if line.strip():
                 yield number, line
+        pasted = pasted and not lines
         if len(rest) > MAX_LINE_BYTES:
             *pieces, rest = split_pasted(rest)   # a pasted log: its lines go out as they are found
             yield from ((number + 1, _capped(p)) for p in pieces)
+            pasted = pasted or bool(pieces)
         if len(rest) > MAX_LINE_BYTES:
             head, tail, rest = rest[:KEEP_BYTES], rest[-KEEP_BYTES:], b""
     if head is not None:
         yield number + 1, head + b" ... " + tail
     else:
-        yield from ((number + 1, _capped(p)) for p in split_pasted(rest) if p.strip())
+        yield from ((number + 1, _capped(p)) for p in split_pasted(rest, 0 if pasted else PASTED_MIN_BYTES)
+                    if p.strip())
 
 
 def line_pieces(number: int, line: bytes, prefix: LearntPrefix | None = None) -> Iterator[LogLine]:
