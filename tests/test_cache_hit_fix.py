@@ -112,7 +112,7 @@ def test_the_launcher_fills_mtp_with_prefix_caching_only_where_the_fix_is_proven
     both and says why; 0.21: the fix installs but is not proven there, so the pair is not filled."""
     from helpers.facts import EXAMPLES
 
-    from caovan_vllm_sm75_turbo3.launch import plan_launch
+    from caovan_vllm_sm75_turbo3.launch import plan_for_launcher
     from caovan_vllm_sm75_turbo3.policy.vllm_args import read_vllm_args
     from caovan_vllm_sm75_turbo3.policy.vllm_versions import release_pins
 
@@ -122,8 +122,8 @@ def test_the_launcher_fills_mtp_with_prefix_caching_only_where_the_fix_is_proven
     for vllm in ("0.21.0", "0.24.0"):
         facts = tmp_path / f"{vllm}.json"
         facts.write_text(json.dumps(facts_dict(versions={"vllm": vllm, "triton": release_pins(vllm).triton_version})))
-        plan = plan_launch({"CAOVAN_FACTS": str(facts)}, read_vllm_args([str(EXAMPLES / "models" / "qwen3.6-27b-awq")]),
-                           write=False, fill_args=True).plan
+        plan = plan_for_launcher({"CAOVAN_FACTS": str(facts)}, read_vllm_args([str(EXAMPLES / "models" / "qwen3.6-27b-awq")]),
+                           write=False).plan
         out[vllm] = ({a.flag for a in plan.filled_args}, plan.notes, plan.warnings)
     flags, notes, warnings = out["0.24.0"]
     assert {"--speculative-config", "--enable-prefix-caching"} <= flags and "--no-enable-prefix-caching" not in flags

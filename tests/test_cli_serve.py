@@ -266,12 +266,12 @@ def test_version_prints_and_starts_nothing(tmp_path):
 
 def test_the_last_line_agrees_with_the_findings_above_it(tmp_path, monkeypatch):
     from caovan_vllm_sm75_turbo3.cli import serve as serve_cli
-    from caovan_vllm_sm75_turbo3.launch import plan_launch
+    from caovan_vllm_sm75_turbo3.launch import plan_for_launcher
     from caovan_vllm_sm75_turbo3.policy.vllm_args import read_vllm_args
 
     model = str(ROOT / "examples" / "models" / "qwen3.6-27b-awq")
     env = clean_env(tmp_path, CAOVAN_FACTS=str(ROOT / "examples" / "1x2080ti-11g.json"))
-    prepared = plan_launch(env, read_vllm_args([model]), write=False, fill_args=True)
+    prepared = plan_for_launcher(env, read_vllm_args([model]), write=False)
     # 1 x 11G: the weights alone do not fit; the verdict says vLLM is expected to fail
     assert prepared.plan.failures and "do not fit" in prepared.plan.failures[0]
     text = serve_cli.plan_text(prepared.plan, "/usr/bin/vllm", serve_cli.stop_reason(prepared, "/usr/bin/vllm"))

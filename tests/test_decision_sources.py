@@ -18,7 +18,8 @@ import pytest
 from helpers.facts import EXAMPLES
 
 from caovan_vllm_sm75_turbo3.config import load_settings
-from caovan_vllm_sm75_turbo3.launch import plan_launch
+from caovan_vllm_sm75_turbo3.launch import plan_in_process
+from helpers.plans import plan_here
 from caovan_vllm_sm75_turbo3.plugin import context as context_mod
 from caovan_vllm_sm75_turbo3.plugin.context import ProcessContext
 from caovan_vllm_sm75_turbo3.plugin.dispatch.controller import Dispatch
@@ -131,7 +132,7 @@ def test_every_source_gives_the_same_decision_and_everyone_reports_it(case, sour
     if config:
         assert all(decision.settings.source(k.removeprefix("caovan_")) != "default" for k in config)
     # The banner: the plan register() logs is made from this very decision.
-    plan = plan_launch(ctx.env, ctx.args, write=False, decision=decision).plan
+    plan = plan_in_process(ctx.env, ctx.args, decision, write=False).plan
     assert plan.status["turbo"] == decision.turbo.line and plan.status["gdn_legacy"] == decision.gdn.line
     assert plan.status["turbo3"] == decision.turbo3.line
     assert plan.status["mode"] == decision.settings.mode
@@ -180,7 +181,7 @@ def test_the_decision_is_made_once_per_context(tmp_path, monkeypatch):
     for _ in range(3):
         install_turbo(ctx)
         Dispatch(ctx).attach(GDN, ModuleType("m"))
-        plan_launch(ctx.env, ctx.args, write=False, decision=ctx.decision)
+        plan_in_process(ctx.env, ctx.args, ctx.decision, write=False)
     assert len(calls) == 1
 
 

@@ -34,7 +34,6 @@ from caovan_vllm_sm75_turbo3.cli import cache as cache_cli
 from caovan_vllm_sm75_turbo3.cli import serve
 from caovan_vllm_sm75_turbo3.config import load_settings
 from caovan_vllm_sm75_turbo3.errors import CaovanError, SettingError
-from caovan_vllm_sm75_turbo3.launch import plan_launch
 from caovan_vllm_sm75_turbo3.policy.vllm_args import read_vllm_args
 from caovan_vllm_sm75_turbo3.runtime.facts import Facts
 

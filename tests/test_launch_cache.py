@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 from helpers.facts import facts_dict
+from helpers.plans import plan_here
 
 from caovan_vllm_sm75_turbo3.caches.layout import read_manifest
-from caovan_vllm_sm75_turbo3.launch import plan_launch
 from caovan_vllm_sm75_turbo3.plugin.register import user_env
 from caovan_vllm_sm75_turbo3.policy.vllm_args import read_vllm_args
 
@@ -21,7 +21,7 @@ ARGS = read_vllm_args(["/m"])
 def _cache_key(tmp_path: Path, name: str, **changes) -> str:
     f = tmp_path / f"{name}.json"
     f.write_text(json.dumps(facts_dict(**changes)))
-    plan = plan_launch({"HOME": str(tmp_path / "h"), "CAOVAN_FACTS": str(f)}, ARGS, write=False).plan
+    plan = plan_here({"HOME": str(tmp_path / "h"), "CAOVAN_FACTS": str(f)}, ARGS, write=False).plan
     return plan.status["cache_key"]
 
 
@@ -47,7 +47,7 @@ def _launch_plans(args: tuple[str, str, int, object]) -> list[str]:
     barrier.wait(timeout=60)
     seen = []
     for _ in range(rounds):
-        p = plan_launch({"HOME": home, "CAOVAN_FACTS": facts}, ARGS, write=True)
+        p = plan_here({"HOME": home, "CAOVAN_FACTS": facts}, ARGS, write=True)
         seen.append(str(p.keydir.path))
     return seen
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import psutil
 import pytest
+from helpers.plans import plan_here
 from test_cli_serve import FACTS, MODEL, clean_env, launch, venv_with_fake_vllm  # noqa: F401 (fixture)
 
-from caovan_vllm_sm75_turbo3.launch import plan_launch
 from caovan_vllm_sm75_turbo3.policy.vllm_args import read_vllm_args
 from caovan_vllm_sm75_turbo3.runtime import flashinfer_probe as fp
 
@@ -112,18 +112,18 @@ def test_launch_plans_probe_once_and_dry_run_never(tmp_path, monkeypatch):
     env = {"HOME": str(tmp_path / "home"), "CAOVAN_FACTS": str(FACTS), "CAOVAN_FLASHINFER_SAMPLER": "probe",
            "CAOVAN_PROBE_TIMEOUT_S": "77"}
     args = read_vllm_args([MODEL])
-    dry = plan_launch(env, args, write=False)
+    dry = plan_here(env, args, write=False)
     assert dry.plan.status["flashinfer_sampler"] == "probe-pending" and calls == []
     assert not (tmp_path / "home").exists()
-    first = plan_launch(env, args, write=True)
+    first = plan_here(env, args, write=True)
     assert first.plan.status["flashinfer_sampler"] == "enabled-probe-passed"
     assert "VLLM_USE_FLASHINFER_SAMPLER" not in first.plan.env_updates()
     assert calls == [(str(first.keydir.path / "flashinfer"), "7.5", 77)]
-    second = plan_launch(env, args, write=True)
+    second = plan_here(env, args, write=True)
     assert len(calls) == 1 and second.plan.sampler_probe.cached
     assert second.plan.status["flashinfer_sampler"] == "enabled-probe-passed"
     # a dry run now shows the stored result, still without building
-    assert plan_launch(env, args, write=False).plan.status["flashinfer_sampler"] == "enabled-probe-passed"
+    assert plan_here(env, args, write=False).plan.status["flashinfer_sampler"] == "enabled-probe-passed"
     assert len(calls) == 1
 
 
@@ -131,6 +131,5 @@ def test_no_probe_when_the_launch_would_stop(tmp_path, monkeypatch):
     monkeypatch.setattr(fp, "run_probe", lambda *a, **k: pytest.fail("probe ran although the launch stops"))
     env = {"HOME": str(tmp_path), "CAOVAN_FACTS": str(FACTS), "CAOVAN_FLASHINFER_SAMPLER": "probe",
            "CAOVAN_REQUIRE_TURBO3": "1", "CAOVAN_GDN_LEGACY_DISABLE": "1", "CAOVAN_TURBO": "off"}
-    prepared = plan_launch(env, read_vllm_args([MODEL]), write=True)
+    prepared = plan_here(env, read_vllm_args([MODEL]), write=True)
     assert prepared.plan.refusal and not (tmp_path / ".cache").exists()
-

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from caovan_vllm_sm75_turbo3.config import load_settings
-from caovan_vllm_sm75_turbo3.launch import plan_launch
+from caovan_vllm_sm75_turbo3.launch import plan_for_launcher
 from caovan_vllm_sm75_turbo3.policy.checks import check_checkpoint, check_host_memory, check_torch
 from caovan_vllm_sm75_turbo3.policy.vllm_args import read_vllm_args
 from caovan_vllm_sm75_turbo3.runtime.facts import Facts
@@ -47,7 +47,7 @@ def test_cuda_visible_devices_applies_to_a_facts_files_gpus():
     assert [g.index for g in facts.gpus] == [0, 1] and "CUDA_VISIBLE_DEVICES='0,1'" in facts.notes[-1]
     assert len(load_facts(path, {}).gpus) == 4
     env = {"CUDA_VISIBLE_DEVICES": "2,3", "CAOVAN_FACTS": path}
-    prepared = plan_launch(env, read_vllm_args([MODEL]), write=False, fill_args=True)
+    prepared = plan_for_launcher(env, read_vllm_args([MODEL]), write=False)
     assert prepared.plan.status["sm75"] == "2/2"
     assert ("--tensor-parallel-size", "2") in [(f.flag, f.value) for f in prepared.plan.filled_args]
     assert any(n.startswith("facts: CUDA_VISIBLE_DEVICES='2,3'") for n in prepared.plan.notes)

@@ -99,29 +99,29 @@ def test_the_cache_lookup_is_huggingface_hubs(tmp_path):
 
 
 def test_the_launcher_plans_a_cached_hub_id_with_its_profile_and_mtp(tmp_path):
-    from caovan_vllm_sm75_turbo3.launch import plan_launch
+    from caovan_vllm_sm75_turbo3.launch import plan_for_launcher
     from caovan_vllm_sm75_turbo3.policy.vllm_args import read_vllm_args
 
     hf_snapshot(tmp_path / "hub", "Qwen/Qwen3.6-27B-AWQ")
     env = {"CAOVAN_FACTS": str(EXAMPLES / "2x2080ti-22g.json"), "HF_HUB_CACHE": str(tmp_path / "hub")}
-    plan = plan_launch(env, read_vllm_args(["Qwen/Qwen3.6-27B-AWQ"]), write=False, fill_args=True).plan
+    plan = plan_for_launcher(env, read_vllm_args(["Qwen/Qwen3.6-27B-AWQ"]), write=False).plan
     flags = {a.flag for a in plan.filled_args}
     assert "--speculative-config" in flags and "--tensor-parallel-size" in flags
     assert plan.status["gdn_legacy"] != "at-model-load"
-    missing = plan_launch({**env, "HF_HUB_CACHE": str(tmp_path / "none")}, read_vllm_args(["Qwen/Qwen3.6-27B-AWQ"]),
-                          write=False, fill_args=True).plan
+    missing = plan_for_launcher({**env, "HF_HUB_CACHE": str(tmp_path / "none")}, read_vllm_args(["Qwen/Qwen3.6-27B-AWQ"]),
+                          write=False).plan
     assert missing.status["gdn_legacy"] == "at-model-load" and missing.status["turbo3"] == "at-model-load"
     assert "--speculative-config" not in {a.flag for a in missing.filled_args}
 
 
 def test_require_turbo3_with_a_model_not_here_does_not_promise_a_path(tmp_path):
     """The issue's Llama: a model we never read says nothing of GDN prefill or of tensor cores."""
-    from caovan_vllm_sm75_turbo3.launch import plan_launch
+    from caovan_vllm_sm75_turbo3.launch import plan_for_launcher
     from caovan_vllm_sm75_turbo3.policy.vllm_args import read_vllm_args
 
     env = {"CAOVAN_FACTS": str(EXAMPLES / "2x2080ti-22g.json"), "CAOVAN_REQUIRE_TURBO3": "1",
            "HF_HUB_CACHE": str(tmp_path)}
-    plan = plan_launch(env, read_vllm_args(["meta-llama/Meta-Llama-3-8B-Instruct"]), write=False, fill_args=True).plan
+    plan = plan_for_launcher(env, read_vllm_args(["meta-llama/Meta-Llama-3-8B-Instruct"]), write=False).plan
     assert plan.status["gdn_legacy"] == "at-model-load" and plan.status["turbo3"] == "at-model-load"
     assert plan.refusal is None
     assert not any("GDN prefill: ours" in n for n in plan.notes)
@@ -129,11 +129,11 @@ def test_require_turbo3_with_a_model_not_here_does_not_promise_a_path(tmp_path):
 
 
 def test_notes_say_only_what_was_filled_for_a_model_not_read_here(tmp_path):
-    from caovan_vllm_sm75_turbo3.launch import plan_launch
+    from caovan_vllm_sm75_turbo3.launch import plan_for_launcher
     from caovan_vllm_sm75_turbo3.policy.vllm_args import read_vllm_args
 
     env = {"CAOVAN_FACTS": str(EXAMPLES / "2x2080ti-22g.json"), "HF_HUB_CACHE": str(tmp_path)}
-    plan = plan_launch(env, read_vllm_args(["meta-llama/Meta-Llama-3-8B-Instruct"]), write=False, fill_args=True).plan
+    plan = plan_for_launcher(env, read_vllm_args(["meta-llama/Meta-Llama-3-8B-Instruct"]), write=False).plan
     profile = next(n for n in plan.notes if n.startswith("profile: "))
     assert "15 %" not in profile and "only what needs no model shape is filled" in profile
     assert {a.flag for a in plan.filled_args} <= {"--dtype", "--disable-custom-all-reduce"}

@@ -9,7 +9,8 @@ import pytest
 from helpers.facts import EXAMPLES, RTX3090, T4, facts_dict
 
 from caovan_vllm_sm75_turbo3.errors import Turbo3Refused
-from caovan_vllm_sm75_turbo3.launch import APPLIED_MARK, apply_env, head_summary, plan_launch
+from caovan_vllm_sm75_turbo3.launch import APPLIED_MARK, apply_env, head_summary, plan_in_process
+from helpers.plans import plan_here
 from caovan_vllm_sm75_turbo3.logformat import NODE_LINE
 from caovan_vllm_sm75_turbo3.plugin import context as context_mod
 from caovan_vllm_sm75_turbo3.plugin.context import ProcessContext
@@ -68,7 +69,7 @@ def _head_environ(tmp_path, **user: str) -> dict[str, str]:
     """The environment the head's first process leaves: its plan's variables, its mark, its summary."""
     env = {"CAOVAN_FACTS": HEAD_FACTS, "XDG_CACHE_HOME": str(tmp_path / "head" / ".cache"), **user}
     ctx = ProcessContext(env)
-    prepared = plan_launch(env, read_vllm_args([]), write=True, decision=ctx.decision)
+    prepared = plan_in_process(env, read_vllm_args([]), ctx.decision, write=True)
     out = dict(env)
     apply_env(prepared.plan, out, "vLLM process pid 1", head_summary(prepared, "head-host"))
     return out

@@ -13,7 +13,8 @@ import pytest
 from helpers.facts import EXAMPLES, facts_dict
 from helpers.fake_vllm_server import fake  # noqa: F401  (a pytest fixture)
 
-from caovan_vllm_sm75_turbo3.launch import plan_launch
+from caovan_vllm_sm75_turbo3.launch import plan_for_launcher
+from helpers.plans import plan_here
 from caovan_vllm_sm75_turbo3.policy.checks import check_mixed
 from caovan_vllm_sm75_turbo3.policy.vllm_args import read_vllm_args
 from caovan_vllm_sm75_turbo3.runtime.facts import Facts
@@ -33,7 +34,7 @@ def _no_gpu_facts(tmp_path: Path) -> str:
 def test_require_turbo3_does_not_refuse_for_the_gdn_switch_alone_and_the_docs_say_so():
     env = {"CAOVAN_FACTS": str(EXAMPLES / "2x2080ti-22g.json"), "CAOVAN_REQUIRE_TURBO3": "1",
            "CAOVAN_GDN_LEGACY_DISABLE": "1"}
-    plan = plan_launch(env, read_vllm_args([QWEN]), write=False, fill_args=True).plan
+    plan = plan_for_launcher(env, read_vllm_args([QWEN]), write=False).plan
     assert plan.refusal is None and plan.status["gdn_legacy"] == "disabled-by-user"
     section = (ROOT / "docs" / "serve.md").read_text().split("## require-turbo3", 1)[1].split("\n## ", 1)[0]
     refusals = section.split("refused, with every reason, when", 1)[1].split(").", 1)[0]
@@ -42,21 +43,19 @@ def test_require_turbo3_does_not_refuse_for_the_gdn_switch_alone_and_the_docs_sa
 
 def test_without_a_gpu_the_launcher_never_says_profiles_fill_only_in_the_launcher(tmp_path):
     env = {"CAOVAN_FACTS": _no_gpu_facts(tmp_path)}
-    plan = plan_launch(env, read_vllm_args([QWEN]), write=False, fill_args=True).plan
+    plan = plan_for_launcher(env, read_vllm_args([QWEN]), write=False).plan
     assert not any("launch profiles fill only in caovan-vllm-serve" in n for n in plan.notes)
     # a plain vLLM process (no profile step) still says where profiles fill
-    inside = plan_launch(env, read_vllm_args([QWEN]), write=False).plan
+    inside = plan_here(env, read_vllm_args([QWEN]), write=False).plan
     assert any("launch profiles fill only in caovan-vllm-serve" in n for n in inside.notes)
 
 
 def test_json_says_not_active_where_nothing_of_ours_applies(tmp_path):
-    plan = plan_launch({"CAOVAN_FACTS": _no_gpu_facts(tmp_path)}, read_vllm_args([QWEN]), write=False,
-                       fill_args=True).plan
+    plan = plan_for_launcher({"CAOVAN_FACTS": _no_gpu_facts(tmp_path)}, read_vllm_args([QWEN]), write=False).plan
     d = plan.to_dict()
     assert d["active"] is False and d["enabled"] is True
     assert any("nothing of ours applies" in n for n in d["notes"])
-    on = plan_launch({"CAOVAN_FACTS": str(EXAMPLES / "2x2080ti-22g.json")}, read_vllm_args([QWEN]), write=False,
-                     fill_args=True).plan.to_dict()
+    on = plan_for_launcher({"CAOVAN_FACTS": str(EXAMPLES / "2x2080ti-22g.json")}, read_vllm_args([QWEN]), write=False).plan.to_dict()
     assert on["active"] is True
 
 

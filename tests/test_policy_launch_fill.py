@@ -281,7 +281,7 @@ def test_a_fallback_names_the_rule_it_missed_and_how_to_force_the_fast_profile(t
     import json as _json
     from pathlib import Path as _Path
 
-    from caovan_vllm_sm75_turbo3.launch import plan_launch
+    from caovan_vllm_sm75_turbo3.launch import plan_for_launcher
     from caovan_vllm_sm75_turbo3.policy.vllm_args import read_vllm_args
 
     root = _Path(__file__).resolve().parents[1]
@@ -290,15 +290,15 @@ def test_a_fallback_names_the_rule_it_missed_and_how_to_force_the_fast_profile(t
     facts = tmp_path / "f.json"
     facts.write_text(_json.dumps(data))
     model = str(root / "examples" / "models" / "qwen3.6-27b-awq")
-    plan = plan_launch({"CAOVAN_FACTS": str(facts)}, read_vllm_args([model]), write=False, fill_args=True).plan
+    plan = plan_for_launcher({"CAOVAN_FACTS": str(facts)}, read_vllm_args([model]), write=False).plan
     miss = [w for w in plan.warnings if w.startswith("profile 2x2080ti-22g-qwen3.5-hybrid-v0.21 not taken")]
     assert len(miss) == 1, plan.warnings
     assert "host memory >= 56 GiB; this host has 32 GiB" in miss[0] and "high risk" in miss[0]
     assert "about 100 tok/s" in miss[0] and "about 45" in miss[0]
     assert miss[0].endswith("force it with --profile 2x2080ti-22g-qwen3.5-hybrid-v0.21")
     assert not any("1x2080ti" in w for w in plan.warnings)   # another GPU setup is no near miss
-    forced = plan_launch({"CAOVAN_FACTS": str(facts), "CAOVAN_PROFILE": "2x2080ti-22g-qwen3.5-hybrid-v0.21"},
-                         read_vllm_args([model]), write=False, fill_args=True).plan
+    forced = plan_for_launcher({"CAOVAN_FACTS": str(facts), "CAOVAN_PROFILE": "2x2080ti-22g-qwen3.5-hybrid-v0.21"},
+                         read_vllm_args([model]), write=False).plan
     assert ("--kv-cache-dtype", "fp8") in [(a.flag, a.value) for a in forced.filled_args]
 
 
@@ -306,7 +306,7 @@ def test_mtp_with_prefix_caching_on_a_hybrid_model_names_the_upstream_bugs_per_r
     import json as _json
     from pathlib import Path as _Path
 
-    from caovan_vllm_sm75_turbo3.launch import plan_launch
+    from caovan_vllm_sm75_turbo3.launch import plan_for_launcher
     from caovan_vllm_sm75_turbo3.policy.vllm_args import read_vllm_args
 
     root = _Path(__file__).resolve().parents[1]
@@ -317,8 +317,7 @@ def test_mtp_with_prefix_caching_on_a_hybrid_model_names_the_upstream_bugs_per_r
         data["versions"].update(vllm=vllm, triton=triton)
         facts = tmp_path / f"f{vllm}.json"
         facts.write_text(_json.dumps(data))
-        plan = plan_launch({"CAOVAN_FACTS": str(facts)}, read_vllm_args([model, *argv]), write=False,
-                           fill_args=True).plan
+        plan = plan_for_launcher({"CAOVAN_FACTS": str(facts)}, read_vllm_args([model, *argv]), write=False).plan
         lines = [w for w in plan.warnings if w.startswith("upstream bug ")]
         assert all("In the source: " in w and "Sources: vLLM #" in w for w in lines)
         return [w.split(" ")[2] for w in lines]

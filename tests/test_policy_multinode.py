@@ -9,7 +9,8 @@ from dataclasses import replace
 
 from helpers.facts import EXAMPLES, ROOT
 
-from caovan_vllm_sm75_turbo3.launch import plan_launch, read_args
+from caovan_vllm_sm75_turbo3.launch import plan_for_launcher, read_args
+from helpers.plans import plan_here
 from caovan_vllm_sm75_turbo3.policy.memory_plan import MemoryInputs, plan_memory, stage_layers
 from caovan_vllm_sm75_turbo3.policy.multinode import HEAD_ADDRESS, plan_nodes
 from caovan_vllm_sm75_turbo3.policy.vllm_args import check_launch_args, read_vllm_args
@@ -74,22 +75,22 @@ def test_memory_is_planned_for_the_largest_stage():
 
 def test_mtp_is_not_filled_with_pipeline_parallel_and_a_given_one_is_expected_to_fail(tmp_path):
     env = {"CAOVAN_FACTS": FACTS, "XDG_CACHE_HOME": str(tmp_path)}
-    plan = plan_launch(env, read_args([QWEN, "-tp", "2", "-pp", "2", "--nnodes", "2"]), write=False, fill_args=True).plan
+    plan = plan_for_launcher(env, read_args([QWEN, "-tp", "2", "-pp", "2", "--nnodes", "2"]), write=False).plan
     assert not any(f.flag == "--speculative-config" for f in plan.filled_args)
     assert any("speculative: none: MTP with --pipeline-parallel-size 2" in n for n in plan.notes)
     assert plan.nodes is not None and json.loads(json.dumps(plan.to_dict()))["nodes"]["nodes"] == 2
-    given = plan_launch(env, read_args([QWEN, "-tp", "2", "-pp", "2", "--nnodes", "2", "--speculative-config",
-                                        '{"method":"mtp","num_speculative_tokens":3}']), write=False, fill_args=True).plan
+    given = plan_for_launcher(env, read_args([QWEN, "-tp", "2", "-pp", "2", "--nnodes", "2", "--speculative-config",
+                                        '{"method":"mtp","num_speculative_tokens":3}']), write=False).plan
     assert any(f.startswith("upstream bug mtp-pipeline-parallel-refused") for f in given.failures)
-    tp_only = plan_launch(env, read_args([QWEN, "-tp", "2"]), write=False, fill_args=True).plan
+    tp_only = plan_for_launcher(env, read_args([QWEN, "-tp", "2"]), write=False).plan
     assert any(f.flag == "--speculative-config" for f in tp_only.filled_args)   # MTP stays where it starts
     assert not any("mtp-pipeline-parallel" in w for w in (*tp_only.failures, *tp_only.warnings))
 
 
 def test_each_node_of_a_multinode_launch_names_itself_in_its_banner(tmp_path):
     env = {"CAOVAN_FACTS": FACTS, "XDG_CACHE_HOME": str(tmp_path)}
-    spans = plan_launch(env, read_args([QWEN, "-tp", "2", "--nnodes", "2", "--node-rank", "1"]), write=False).plan
+    spans = plan_here(env, read_args([QWEN, "-tp", "2", "--nnodes", "2", "--node-rank", "1"]), write=False).plan
     [line] = [n for n in spans.notes if n.startswith("node ")]
     assert "GPUs 2 x NVIDIA GeForce RTX 2080 Ti (sm_75), sm75=2/2, key=p" in line and f"cache={tmp_path}" in line
-    alone = plan_launch(env, read_args([QWEN, "-tp", "2"]), write=False).plan
+    alone = plan_here(env, read_args([QWEN, "-tp", "2"]), write=False).plan
     assert not any(n.startswith("node ") for n in alone.notes)

@@ -22,9 +22,9 @@ from .policy.decision import Decision, decide
 from .policy.guards import CacheState
 from .policy.fill_base import LaunchFill
 from .policy.launch_fill import fill_launch
-from .policy.multinode import plan_nodes
+from .policy.multinode import NodesPlan, plan_nodes
 from .policy.node import HEAD_VAR, MARK_PREFIX, NodeSummary, summarise
-from .policy.plan import Plan, make_plan
+from .policy.plan import Plan, env_updates, guard_results, make_plan, probe_wanted, would_stop
 from .policy.profiles import load_table
 from .policy.vllm_args import LaunchNumbers, VllmArgs, check_launch_args, read_vllm_args
 from .runtime import flashinfer_probe as fp
@@ -86,77 +86,96 @@ def given_kv_cache_dtype(args: VllmArgs) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def plan_launch(env: Mapping[str, str], args: VllmArgs, cli: Mapping[str, Any] | None = None, *,
-                write: bool, say: Callable[[str], None] = lambda _: None, fill_args: bool = False,
-                decision: Decision | None = None) -> Prepared:
-    """Plan a launch for `args` in `env`. Raises CaovanError for bad settings or facts files.
+def plan_for_launcher(env: Mapping[str, str], args: VllmArgs, cli: Mapping[str, Any] | None = None, *,
+                      write: bool, say: Callable[[str], None] = lambda _: None) -> Prepared:
+    """caovan-vllm-serve's plan: inputs (settings, facts, the user's vLLM arguments checked once, the
+    model read as vLLM finds it) -> the one decision -> the launch profile's fill and the nodes ->
+    the sampler probe -> the plan, built once. Raises CaovanError for bad settings or facts files.
 
-    `cli` holds our own flags' values (setting name -> value, None when not given); `say`
-    receives progress lines for slow steps (the sampler test build); `fill_args` checks the
-    user's vLLM arguments (check_launch_args, once: a refusal is in the plan and nothing is
-    written) and adds the launch profile's (only caovan-vllm-serve does: it builds vLLM's argv;
-    a plain `vllm serve` has parsed its arguments itself). `decision`: the process's one decision
-    (a vLLM process's context made it), else made here.
-    """
-    settings = decision.settings if decision else load_settings(env, args.additional_config, cli)
-    facts = decision.facts if decision else load_facts(settings.facts, env)
+    `cli` holds our own flags' values (setting name -> value, None when not given); `say` receives
+    progress lines for slow steps (the sampler test build); `write=False` (the dry run) writes nothing.
+    A refusal of the user's arguments is in the plan, and then nothing is written."""
+    settings, facts = _inputs(env, args, cli)
+    checked = check_launch_args(args, len(facts.gpus))
+    refused = checked.refusal()
+    model = None if refused else _read_model(settings, args, env)
+    decision = _decide(settings, facts, args, model)
+    fill = _profile_fill(decision, args, checked.numbers, model) if not refused and settings.active else None
+    if fill and not args.given("--kv-cache-dtype"):
+        decision = decision.with_kv_cache_dtype(next((f.value for f in fill.args if f.flag == "--kv-cache-dtype"), None))
+    nodes = None if refused else plan_nodes(args, checked.numbers, len(facts.gpus))
+    refused = refused or (nodes.refusal if nodes else None)
+    return _prepare(env, args, decision, write, say, fill=fill, nodes=nodes, refused=refused, in_launcher=True)
+
+
+def plan_in_process(env: Mapping[str, str], args: VllmArgs, decision: Decision, *, write: bool) -> Prepared:
+    """A vLLM process's plan from its one decision (its context made it): the sampler probe's cached
+    result, then the plan, built once; no profile (vLLM has parsed its arguments itself)."""
+    return _prepare(env, args, decision, write, lambda _: None)
+
+
+def decide_launch(env: Mapping[str, str], args: VllmArgs, cli: Mapping[str, Any] | None = None) -> Decision:
+    """The decision these inputs make where no process context made one (the launcher's own steps, without
+    its profile): settings, facts, the model read as vLLM finds it. Raises CaovanError as plan_for_launcher."""
+    settings, facts = _inputs(env, args, cli)
+    return _decide(settings, facts, args, _read_model(settings, args, env))
+
+
+def _inputs(env: Mapping[str, str], args: VllmArgs, cli: Mapping[str, Any] | None) -> tuple[Settings, Facts]:
+    settings = load_settings(env, args.additional_config, cli)
+    return settings, load_facts(settings.facts, env)
+
+
+def _read_model(settings: Settings, args: VllmArgs, env: Mapping[str, str]) -> ModelFacts | None:
+    return read_model_arg(args.model, env, *model_lookup(args)) if args.model and settings.active else None
+
+
+def _decide(settings: Settings, facts: Facts, args: VllmArgs, model: ModelFacts | None) -> Decision:
+    return decide(settings, facts, model_shape(model.config) if model else None, given_kv_cache_dtype(args),
+                  model_unknown=unread_model(args.model, model))
+
+
+def _prepare(env: Mapping[str, str], args: VllmArgs, decision: Decision, write: bool, say: Callable[[str], None], *,
+             fill: LaunchFill | None = None, nodes: NodesPlan | None = None, refused: str | None = None,
+             in_launcher: bool = False) -> Prepared:
+    """The cache key's directory as it is, the sampler probe, this node's line, then the plan (once);
+    with `write` and a launch that goes ahead, the key's directories are created."""
+    settings, facts = decision.settings, decision.facts
     keydir = None
     if settings.active and settings.cache_isolation and facts.sm75_count:
         keydir = KeyDir(checked_root(settings.cache_dir, settings.source("cache_dir"), env), env_key(facts))
     # Read the cache before prepare() creates it, so the plan can tell a cold start.
     state = _cache_state(keydir) if keydir else None
-    checked = check_launch_args(args, len(facts.gpus)) if fill_args else None
-    refused = checked.refusal() if checked else None
-    model = read_model_arg(args.model, env, *model_lookup(args)) if (
-        args.model and settings.active and not refused and (decision is None or fill_args)) else None
-    if decision is None:
-        decision = decide(settings, facts, model_shape(model.config) if model else None, given_kv_cache_dtype(args),
-                          model_unknown=unread_model(args.model, model))
-    fill = (_profile_fill(decision, args, checked.numbers, model)
-            if checked and not refused and settings.active else None)
-    filled = list(fill.args) if fill else []
-    if fill and not args.given("--kv-cache-dtype"):
-        decision = decision.with_kv_cache_dtype(next((f.value for f in filled if f.flag == "--kv-cache-dtype"), None))
-
-    nodes = plan_nodes(args, checked.numbers, len(facts.gpus)) if checked and not refused else None
-    refused = refused or (nodes.refusal if nodes else None)
-
-    def planned(probe: fp.SamplerProbe | None = None) -> Plan:
-        plan = _with_fill(make_plan(decision, env, args, state, probe, filled_args=filled, in_launcher=fill_args), fill)
-        if nodes is not None:
-            plan = replace(plan, nodes=nodes, notes=(*plan.notes, *nodes.lines()))
-        if spans_nodes(args):   # each node of a multi-node launch names itself in its banner
-            here = summarise(node_name(), facts, keydir.key.name if keydir else None,
-                             str(keydir.path) if keydir else None, plan.env_updates())
-            plan = replace(plan, notes=(*plan.notes, here.line()))
-        return _refused(plan, refused)
-
-    plan = planned()
-    write = write and refused is None
-    if plan.status.get("flashinfer_sampler") != "probe-pending":
-        if write and keydir and plan.stop_reason() is None:
-            prepare(keydir)
-        return Prepared(plan, decision, keydir, refused)
-    result = _sampler_probe(env, plan, decision, keydir, write, say)
-    return Prepared(planned(result) if result is not None else plan, decision, keydir, refused)
+    write = write and refused is None and not would_stop(decision, refused)
+    probe = _sampler_probe(env, decision, state, keydir, write, say) if probe_wanted(decision, env) else None
+    node_line = None
+    if spans_nodes(args):   # each node of a multi-node launch names itself in its banner
+        here = summarise(node_name(), facts, keydir.key.name if keydir else None, str(keydir.path) if keydir else None,
+                         env_updates(guard_results(decision, env, state, probe)))
+        node_line = here.line()
+    plan = make_plan(decision, env, args, state, probe, fill=fill, nodes=nodes, node_line=node_line, refused=refused,
+                     in_launcher=in_launcher)
+    if write and keydir:
+        prepare(keydir)
+    return Prepared(plan, decision, keydir, refused)
 
 
-def _sampler_probe(env: Mapping[str, str], plan: Plan, decision: Decision, keydir: KeyDir | None, write: bool,
-                   say: Callable[[str], None]) -> fp.SamplerProbe | None:
-    """Probe mode: FlashInfer's sampler test build for this key and toolchain, cached (None: not run)."""
+def _sampler_probe(env: Mapping[str, str], decision: Decision, state: CacheState | None, keydir: KeyDir | None,
+                   write: bool, say: Callable[[str], None]) -> fp.SamplerProbe | None:
+    """Probe mode: FlashInfer's sampler test build for this key and toolchain, cached (None: not run).
+    The build's environment is the user's with the guards' variables, as vLLM's will be."""
     facts = decision.facts
-    child_env = {**env, **plan.env_updates()}
+    child_env = {**env, **env_updates(guard_results(decision, env, state))}
     fingerprint = fp.toolchain_fingerprint(child_env, facts.toolchain.nvcc_path, facts.versions.nvcc)
     result = fp.read_cached(keydir.path, fingerprint) if keydir else None
-    if write and plan.stop_reason() is None:
+    if write and result is None:
         if keydir:
             prepare(keydir)
-        if result is None:
-            timeout = decision.settings.probe_timeout_s
-            say(f"flashinfer_sampler: test-building FlashInfer's sampler (up to {timeout} s) ...")
-            result = fp.run_probe(child_env, timeout, fingerprint)
-            if keydir:
-                fp.store(keydir.path, result)
+        timeout = decision.settings.probe_timeout_s
+        say(f"flashinfer_sampler: test-building FlashInfer's sampler (up to {timeout} s) ...")
+        result = fp.run_probe(child_env, timeout, fingerprint)
+        if keydir:
+            fp.store(keydir.path, result)
     return result
 
 
@@ -186,22 +205,6 @@ def _profile_fill(decision: Decision, args: VllmArgs, numbers: LaunchNumbers, mo
         table.by_name(settings.profile, settings.where("profile"))   # an unknown name: named where it was given
     fill = fill_launch(decision, model, args, table, numbers)
     return replace(fill, lines=(*fill.lines, *(f"model: {n}" for n in (model.notes if model else ()))))
-
-
-def _refused(plan: Plan, refused: str | None) -> Plan:
-    """The plan with the refusal of the user's arguments first in its refusal."""
-    if refused is None:
-        return plan
-    return replace(plan, refusal=refused + (f". {plan.refusal}" if plan.refusal else ""))
-
-
-def _with_fill(plan: Plan, fill: LaunchFill | None) -> Plan:
-    """The plan with the profile's arithmetic and decisions as notes, and its warnings."""
-    if fill is None:
-        return plan
-    failures = (*fill.failures, *(fill.memory.warnings if fill.memory is not None and fill.memory.fits is False else ()))
-    return replace(plan, notes=(*plan.notes, *fill.lines), warnings=(*plan.warnings, *fill.warnings),
-                   failures=(*plan.failures, *failures))
 
 
 def head_summary(prepared: Prepared, node: str) -> NodeSummary:

@@ -8,7 +8,8 @@ from typing import Any
 
 from caovan_vllm_sm75_turbo3.config import Settings
 from caovan_vllm_sm75_turbo3.policy.decision import decide
-from caovan_vllm_sm75_turbo3.policy.plan import FilledArg, Plan, make_plan
+from caovan_vllm_sm75_turbo3.policy.fill_base import FilledArg, LaunchFill
+from caovan_vllm_sm75_turbo3.policy.plan import Plan, make_plan
 from caovan_vllm_sm75_turbo3.policy.vllm_args import VllmArgs
 from caovan_vllm_sm75_turbo3.runtime.facts import Facts
 
@@ -17,4 +18,13 @@ def plan_from(facts: Facts, settings: Settings, env: Mapping[str, str], args: Vl
               sampler_probe: Any = None, filled_args: Sequence[FilledArg] = (), shape: Any = None) -> Plan:
     given = args.value("--kv-cache-dtype")
     kv = given if isinstance(given, str) else next((f.value for f in filled_args if f.flag == "--kv-cache-dtype"), None)
-    return make_plan(decide(settings, facts, shape, kv), env, args, cache, sampler_probe, filled_args)
+    fill = LaunchFill("test", tuple(filled_args)) if filled_args else None
+    return make_plan(decide(settings, facts, shape, kv), env, args, cache, sampler_probe, fill=fill)
+
+
+def plan_here(env: Mapping[str, str], args: VllmArgs, *, write: bool) -> Any:
+    """A vLLM process's plan where no process context made the decision: the launch's own inputs decide
+    (launch.decide_launch), then launch.plan_in_process."""
+    from caovan_vllm_sm75_turbo3.launch import decide_launch, plan_in_process
+
+    return plan_in_process(env, args, decide_launch(env, args), write=write)

@@ -18,7 +18,7 @@ from pathlib import Path
 from .. import __version__
 from ..caches.layout import hold_in_use
 from ..errors import CaovanError
-from ..launch import Prepared, apply_env, head_summary, plan_launch, read_args
+from ..launch import Prepared, apply_env, head_summary, plan_for_launcher, read_args
 from ..policy.banner import banner_lines
 from ..policy.plan import Plan
 from ..policy.vllm_args import canonical
@@ -153,8 +153,7 @@ def main(argv: Sequence[str]) -> int:
     args = read_args(theirs)
     dry = opts.dry_run or opts.json
     cli = {"facts": opts.facts, "profile": opts.profile, "cache_dir": opts.cache_dir}
-    prepared = plan_launch(os.environ, args, cli, write=not dry, say=lambda s: print(s, flush=True),
-                           fill_args=True)
+    prepared = plan_for_launcher(os.environ, args, cli, write=not dry, say=lambda s: print(s, flush=True))
     plan = prepared.plan
     program = _program()
     stop = stop_reason(prepared, program)

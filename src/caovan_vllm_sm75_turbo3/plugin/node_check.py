@@ -20,7 +20,7 @@ from collections.abc import Mapping, MutableMapping
 from ..caches.layout import hold_in_use
 from ..config import ENV_PREFIX
 from ..errors import Turbo3Refused
-from ..launch import APPLIED_MARK, plan_launch
+from ..launch import APPLIED_MARK, plan_in_process
 from ..logformat import node_line, own_settings_line
 from ..policy.guards import legacy_ray_chosen
 from ..policy.node import HEAD_VAR, NodeSummary, check_node, summarise
@@ -70,7 +70,7 @@ def plan_this_node(ctx: ProcessContext, head: NodeSummary, ray_node: str, enviro
     Raises Turbo3Refused when require-turbo3 is on and this node differs from the head or is refused."""
     from_head = inherited(environ, initial, head)
     mine = node_env(environ, initial, from_head)
-    prepared = plan_launch(mine, ctx.args, write=True, decision=ctx.decision)
+    prepared = plan_in_process(mine, ctx.args, ctx.decision, write=True)
     plan = prepared.plan
     ours = plan.env_updates()   # only variables this node's user did not set
     for var in from_head - ours.keys():   # the head's value is a path or a choice of another machine

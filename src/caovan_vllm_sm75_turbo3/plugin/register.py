@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..caches.layout import hold_in_use
 from ..errors import Turbo3Refused
-from ..launch import APPLIED_MARK, apply_env, head_summary, plan_launch
+from ..launch import APPLIED_MARK, apply_env, head_summary, plan_in_process
 from ..logformat import disabled_line, not_applied_line
 from ..policy.banner import banner_lines, worker_line
 from ..policy.plan import Plan
@@ -88,7 +88,7 @@ def apply_guards(ctx: ProcessContext | None = None) -> Plan | None:
         if not settings.active:
             logger.info(disabled_line(settings.enable, settings.mode))
             return None
-        prepared = plan_launch(user_env(os.environ, _initial_environ()), ctx.args, write=True, decision=ctx.decision)
+        prepared = plan_in_process(user_env(os.environ, _initial_environ()), ctx.args, ctx.decision, write=True)
         plan = prepared.plan
         if plan.refusal is None and prepared.keydir:
             hold_in_use(prepared.keydir)  # held until this process ends: the cleaner sees the server

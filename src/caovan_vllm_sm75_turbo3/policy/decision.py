@@ -1,7 +1,7 @@
 """One decision per process: settings + facts -> what every installer of ours does. Pure.
 
 `decide()` is the only place the Turbo hook, the GDN gate, our attention backend, `turbo3=`,
-guards-only mode and our fixes of upstream bugs are decided. `caovan-vllm-serve` (launch.plan_launch) and each vLLM process
+guards-only mode and our fixes of upstream bugs are decided. `caovan-vllm-serve` (launch.plan_for_launcher) and each vLLM process
 (plugin/context.py) call it once and hand the value on: the plan and banner, the Turbo hook,
 the GDN dispatch and the attention backend read it and never decide again, so they cannot
 disagree. The vLLM version is parsed once here, into `release`.

@@ -1,10 +1,12 @@
-"""The launch plan: one pure function from (facts, settings, the user's env and vLLM args) to
-environment changes, the final vLLM argv, status lines, warnings and, when it must, a refusal.
+"""The launch plan: one pure function from the process's decision, the user's env and vLLM args
+(and, in caovan-vllm-serve, what its profile filled and its nodes) to environment changes, the
+final vLLM argv, status lines, warnings and, when it must, a refusal.
 
-`caovan-vllm-serve` and the in-process `register()` both call `make_plan`, so a plain
-`vllm serve` gets the same decisions. `filled_args` is where launch profiles add the vLLM
-arguments the user did not give (each with its reason); the argv is the user's, intact,
-followed by those.
+`caovan-vllm-serve` and the in-process `register()` both call `make_plan` (through launch.py), so
+a plain `vllm serve` gets the same decisions. A launch's `LaunchFill` is where profiles add the vLLM
+arguments the user did not give (each with its reason); the argv is the user's, intact, followed
+by those. `guard_results` and `would_stop` answer, before the plan is built, what the FlashInfer
+sampler probe and a node's summary need: the guards' environment and whether the launch stops.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from .checks import CheckResult, Status, rollup, run_checks, sm75_line
 from .guards import (CacheState, EnvChange, GuardResult, arch_guard, cache_guard, ray_copy_guard, sampler_guard,
                      timeout_guard)
 from .decision import Decision
-from .fill_base import FilledArg
+from .fill_base import FilledArg, LaunchFill
 from .multinode import NodesPlan
 from .vllm_args import VllmArgs
 
@@ -120,15 +122,73 @@ def _turbo3_notes(decision: Decision, notes: list[str], filled: bool, in_launche
     return refusal
 
 
+def guard_results(decision: Decision, env: Mapping[str, str], cache: CacheState | None = None,
+                  sampler_probe: SamplerProbe | None = None) -> tuple[GuardResult, ...]:
+    """The guards' results for this decision (none when the plugin is off or no SM75 GPU is seen)."""
+    if not decision.settings.active or not decision.facts.sm75_count:
+        return ()
+    return (sampler_guard(decision, env, sampler_probe), timeout_guard(decision, env), arch_guard(decision, env),
+            cache_guard(decision, env, cache), ray_copy_guard(decision, env))
+
+
+def env_updates(guards: Sequence[GuardResult]) -> dict[str, str]:
+    """The variables those guards set (kept ones are already in the environment)."""
+    return {c.var: c.value for r in guards for c in r.changes if c.action == "set"}
+
+
+def probe_wanted(decision: Decision, env: Mapping[str, str]) -> bool:
+    """Whether this launch asks for the FlashInfer sampler test build (probe mode, a release that runs it)."""
+    guards = guard_results(decision, env)
+    return bool(guards) and guards[0].status == "probe-pending"
+
+
+def would_stop(decision: Decision, refused: str | None = None) -> bool:
+    """Whether the plan of this decision (with `refused`, the user's arguments' refusal) stops a real
+    launch: Plan.stop_reason's rule, known before the plan is built."""
+    settings, facts, t3 = decision.settings, decision.facts, decision.turbo3
+    refusal = refused or (settings.require_turbo3 and not t3.active and not t3.pending)
+    if not settings.active:
+        return False
+    if not facts.sm75_count:
+        return bool(refusal)
+    return bool(refusal) or any(c.status is Status.FAIL for c in run_checks(facts))
+
+
+def _off_because(settings: Settings) -> str:
+    return (f"enable=0 ({settings.source('enable')})" if not settings.enable
+            else f"mode=off ({settings.source('mode')})")
+
+
+def _fill_failures(fill: LaunchFill | None) -> tuple[str, ...]:
+    """What the profile's step says vLLM will fail on: an upstream bug, a memory plan that does not fit."""
+    if fill is None:
+        return ()
+    return (*fill.failures, *(fill.memory.warnings if fill.memory is not None and fill.memory.fits is False else ()))
+
+
+def _not_given(proposed: Sequence[FilledArg], args: VllmArgs, notes: list[str]) -> list[FilledArg]:
+    """The profile's arguments the user did not give; a note for each one they did."""
+    filled = []
+    for f in proposed:
+        if args.given(f.flag):
+            notes.append(f"{f.flag} kept as given ({args.value(f.flag)}); the profile would use {f.value}")
+        else:
+            filled.append(f)
+    return filled
+
+
 def make_plan(decision: Decision, env: Mapping[str, str], args: VllmArgs,
-              cache: CacheState | None = None, sampler_probe: SamplerProbe | None = None,
-              filled_args: Sequence[FilledArg] = (), in_launcher: bool = False) -> Plan:
-    """Plan the launch from the process's one decision. Pure: reads only its arguments, writes nothing.
+              cache: CacheState | None = None, sampler_probe: SamplerProbe | None = None, *,
+              fill: LaunchFill | None = None, nodes: NodesPlan | None = None, node_line: str | None = None,
+              refused: str | None = None, in_launcher: bool = False) -> Plan:
+    """Plan the launch from the process's one decision, once. Pure: reads only its arguments, writes nothing.
 
     `cache` is the environment key's cache directory as read by the caller (None: no isolation);
-    `sampler_probe` the FlashInfer test build's result (None: not run); `filled_args` the vLLM
-    arguments a launch profile proposes, of which only those the user did not give are used;
-    `in_launcher`: caovan-vllm-serve is planning (its profile step ran, filling something or not).
+    `sampler_probe` the FlashInfer test build's result (None: not run). What caovan-vllm-serve adds
+    (`in_launcher`): `fill`, its launch profile's step (the vLLM arguments it proposes, of which only
+    those the user did not give are used, its lines, warnings and failures); `nodes`, a launch over
+    several machines; `node_line`, this node's summary; `refused`, the refusal of the user's vLLM
+    arguments, which comes first in the plan's refusal.
     """
     facts, settings = decision.facts, decision.settings
     checks = tuple(run_checks(facts))
@@ -138,22 +198,23 @@ def make_plan(decision: Decision, env: Mapping[str, str], args: VllmArgs,
     notes = list(args.notes)
     if facts.source != "probe":   # what reading the facts file changed (CUDA_VISIBLE_DEVICES)
         notes += [f"facts: {n}" for n in facts.notes]
-    common = dict(runtime=runtime, checks=checks, user_argv=args.argv, notes=tuple(notes),
-                  sm75_gpus=facts.sm75_count)
+    launcher_notes = [*(fill.lines if fill else ()), *(nodes.lines() if nodes else ()), *([node_line] if node_line else ())]
+    common = dict(runtime=runtime, checks=checks, user_argv=args.argv, sm75_gpus=facts.sm75_count, nodes=nodes,
+                  failures=_fill_failures(fill))
+
+    def refusal_with(own: str | None) -> str | None:
+        return own if refused is None else refused + (f". {own}" if own else "")
+
     if not settings.active:
-        why = (f"enable=0 ({settings.source('enable')})" if not settings.enable
-               else f"mode=off ({settings.source('mode')})")
         status.update(mode="off", vllm=facts.versions.vllm or "none")
-        return Plan(status=status, env=(), warnings=tuple(warnings), active=False,
-                    **{**common, "notes": (*notes, f"the plugin is off ({why}): vLLM runs untouched")})
+        notes.append(f"the plugin is off ({_off_because(settings)}): vLLM runs untouched")
+        return Plan(status=status, env=(), warnings=(*warnings, *(fill.warnings if fill else ())), active=False,
+                    refusal=refusal_with(None), notes=(*notes, *launcher_notes), **common)
 
     gdn, t3 = decision.gdn, decision.turbo3
-    results: list[GuardResult] = []
-    if facts.sm75_count:
-        sampler = sampler_guard(decision, env, sampler_probe)
-        results += [sampler, timeout_guard(decision, env), arch_guard(decision, env),
-                    cache_guard(decision, env, cache), ray_copy_guard(decision, env)]
-        sampler_line = sampler.status or "vllm-default"
+    results = guard_results(decision, env, cache, sampler_probe)
+    if results:
+        sampler_line = results[0].status or "vllm-default"
     else:
         sampler_line = "not-sm75"
         notes.append("no SM75 GPU visible: nothing of ours applies (no guards, no kernels) and vLLM runs "
@@ -167,12 +228,9 @@ def make_plan(decision: Decision, env: Mapping[str, str], args: VllmArgs,
     if cache is not None and facts.sm75_count and settings.cache_isolation:
         status["cache_key"] = cache.path
 
-    refusal = _turbo3_notes(decision, notes, bool(filled_args), in_launcher)
-    filled = []
-    for f in filled_args:
-        if args.given(f.flag):
-            notes.append(f"{f.flag} kept as given ({args.value(f.flag)}); the profile would use {f.value}")
-        else:
-            filled.append(f)
-    return Plan(status=status, env=env_changes, warnings=tuple(warnings), refusal=refusal, cache=cache,
-                sampler_probe=sampler_probe, filled_args=tuple(filled), **{**common, "notes": tuple(notes)})
+    proposed = fill.args if fill else ()
+    refusal = _turbo3_notes(decision, notes, bool(proposed), in_launcher)
+    filled = _not_given(proposed, args, notes)
+    return Plan(status=status, env=env_changes, warnings=(*warnings, *(fill.warnings if fill else ())),
+                refusal=refusal_with(refusal), cache=cache, sampler_probe=sampler_probe, filled_args=tuple(filled),
+                notes=(*notes, *launcher_notes), **common)
