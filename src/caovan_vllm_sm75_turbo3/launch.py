@@ -23,8 +23,8 @@ from .policy.guards import CacheState
 from .policy.fill_base import LaunchFill
 from .policy.launch_fill import fill_launch
 from .policy.multinode import NodesPlan, plan_nodes
-from .policy.node import HEAD_VAR, MARK_PREFIX, NodeSummary, summarise
-from .policy.plan import Plan, env_updates, guard_results, make_plan, probe_wanted, would_stop
+from .policy.node import HEAD_VAR, MARK_PREFIX, NodeSummary
+from .policy.plan import Plan, guard_results, make_plan, node_summary, set_vars, would_stop
 from .policy.profiles import load_table
 from .policy.vllm_args import LaunchNumbers, VllmArgs, check_launch_args, read_vllm_args
 from .runtime import flashinfer_probe as fp
@@ -147,25 +147,24 @@ def _prepare(env: Mapping[str, str], args: VllmArgs, decision: Decision, write: 
     # Read the cache before prepare() creates it, so the plan can tell a cold start.
     state = _cache_state(keydir) if keydir else None
     write = write and refused is None and not would_stop(decision, refused)
-    probe = _sampler_probe(env, decision, state, keydir, write, say) if probe_wanted(decision, env) else None
-    node_line = None
-    if spans_nodes(args):   # each node of a multi-node launch names itself in its banner
-        here = summarise(node_name(), facts, keydir.key.name if keydir else None, str(keydir.path) if keydir else None,
-                         env_updates(guard_results(decision, env, state, probe)))
-        node_line = here.line()
-    plan = make_plan(decision, env, args, state, probe, fill=fill, nodes=nodes, node_line=node_line, refused=refused,
+    pending = guard_results(decision, env, state)   # without a probe result: probe mode's sampler guard waits
+    probe = None
+    if pending and pending[0].status == "probe-pending":
+        probe = _sampler_probe(env, decision, set_vars(c for r in pending for c in r.changes), keydir, write, say)
+    node = node_name() if spans_nodes(args) else None   # each node of a multi-node launch names itself
+    plan = make_plan(decision, env, args, state, probe, fill=fill, nodes=nodes, node=node, refused=refused,
                      in_launcher=in_launcher)
     if write and keydir:
         prepare(keydir)
     return Prepared(plan, decision, keydir, refused)
 
 
-def _sampler_probe(env: Mapping[str, str], decision: Decision, state: CacheState | None, keydir: KeyDir | None,
+def _sampler_probe(env: Mapping[str, str], decision: Decision, guard_vars: Mapping[str, str], keydir: KeyDir | None,
                    write: bool, say: Callable[[str], None]) -> fp.SamplerProbe | None:
     """Probe mode: FlashInfer's sampler test build for this key and toolchain, cached (None: not run).
     The build's environment is the user's with the guards' variables, as vLLM's will be."""
     facts = decision.facts
-    child_env = {**env, **env_updates(guard_results(decision, env, state))}
+    child_env = {**env, **guard_vars}
     fingerprint = fp.toolchain_fingerprint(child_env, facts.toolchain.nvcc_path, facts.versions.nvcc)
     result = fp.read_cached(keydir.path, fingerprint) if keydir else None
     if write and result is None:
@@ -209,9 +208,7 @@ def _profile_fill(decision: Decision, args: VllmArgs, numbers: LaunchNumbers, mo
 
 def head_summary(prepared: Prepared, node: str) -> NodeSummary:
     """The summary of this (first) process's plan that every other node checks itself against."""
-    plan, keydir = prepared.plan, prepared.keydir
-    return summarise(node, prepared.facts, keydir.key.name if keydir else None, str(keydir.path) if keydir else None,
-                     plan.env_updates())
+    return node_summary(node, prepared.facts, prepared.plan.cache, prepared.plan.env_updates())
 
 
 def apply_env(plan: Plan, environ: MutableMapping[str, str], applied_by: str, head: NodeSummary | None = None) -> None:

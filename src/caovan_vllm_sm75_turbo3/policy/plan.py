@@ -6,16 +6,17 @@ final vLLM argv, status lines, warnings and, when it must, a refusal.
 a plain `vllm serve` gets the same decisions. A launch's `LaunchFill` is where profiles add the vLLM
 arguments the user did not give (each with its reason); the argv is the user's, intact, followed
 by those. `guard_results` and `would_stop` answer, before the plan is built, what the FlashInfer
-sampler probe and a node's summary need: the guards' environment and whether the launch stops.
+sampler probe needs: the guards' environment and whether the launch stops.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .. import __version__
 from ..config import Settings
+from ..runtime.facts import Facts
 from ..runtime.flashinfer_probe import SamplerProbe
 from .accel import Turbo3
 from .checks import CheckResult, Status, rollup, run_checks, sm75_line
@@ -24,6 +25,7 @@ from .guards import (CacheState, EnvChange, GuardResult, arch_guard, cache_guard
 from .decision import Decision
 from .fill_base import FilledArg, LaunchFill
 from .multinode import NodesPlan
+from .node import NodeSummary, summarise
 from .vllm_args import VllmArgs
 
 POST_START_WARMUP = "disabled-default"  # never warm up from inside the server: it raced the first compile
@@ -63,20 +65,11 @@ class Plan:
 
         Always None when the plugin is off. Without a visible SM75 GPU our checks judge a machine we do
         not act on (a CPU build of vLLM, another GPU): vLLM runs untouched, only a refusal stops it."""
-        if not self.active:
-            return None
-        if not self.sm75_gpus:
-            return self.refusal
-        failed = [f"{c.name}: {c.detail}" + (f" ({c.remedy})" if c.remedy else "")
-                  for c in self.checks if c.status is Status.FAIL]
-        reasons = ["runtime=FAIL: " + "; ".join(failed)] if failed else []
-        if self.refusal:
-            reasons.append(self.refusal)
-        return ". ".join(reasons) or None
+        return _stop_reason(self.active, self.sm75_gpus, self.checks, self.refusal)
 
     def env_updates(self) -> dict[str, str]:
         """The variables to set (kept ones are already in the environment)."""
-        return {c.var: c.value for c in self.env if c.action == "set"}
+        return set_vars(self.env)
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -91,6 +84,41 @@ class Plan:
             "nodes": self.nodes.to_dict() if self.nodes else None,
             "sampler_probe": self.sampler_probe.to_dict() if self.sampler_probe else None,
             "checks": [c.to_dict() for c in self.checks]}
+
+
+def _stop_reason(active: bool, sm75_gpus: int, checks: Sequence[CheckResult], refusal: str | None) -> str | None:
+    """Plan.stop_reason's rule, for a plan built or about to be (would_stop)."""
+    if not active:
+        return None
+    if not sm75_gpus:
+        return refusal
+    failed = [f"{c.name}: {c.detail}" + (f" ({c.remedy})" if c.remedy else "")
+              for c in checks if c.status is Status.FAIL]
+    reasons = ["runtime=FAIL: " + "; ".join(failed)] if failed else []
+    if refusal:
+        reasons.append(refusal)
+    return ". ".join(reasons) or None
+
+
+def set_vars(changes: Iterable[EnvChange]) -> dict[str, str]:
+    """The variables these changes set (kept ones are already in the environment)."""
+    return {c.var: c.value for c in changes if c.action == "set"}
+
+
+def node_summary(node: str, facts: Facts, cache: CacheState | None, updates: Mapping[str, str]) -> NodeSummary:
+    """A node's summary of its plan: the facts, its cache key and directory, the variables it sets."""
+    return summarise(node, facts, cache.key if cache else None, cache.path if cache else None, updates)
+
+
+def _node_line(node: str | None, facts: Facts, cache: CacheState | None, changes: Iterable[EnvChange]) -> tuple[str, ...]:
+    """This node's summary line where the launch spans several machines (`node` named), else none."""
+    return (node_summary(node, facts, cache, set_vars(changes)).line(),) if node is not None else ()
+
+
+def _turbo3_refuses(decision: Decision) -> bool:
+    """require-turbo3 is on and no hot path of the model gets tensor cores (decided here, not at model load)."""
+    t3 = decision.turbo3
+    return decision.settings.require_turbo3 and not t3.active and not t3.pending
 
 
 def _turbo3_refusal(settings: Settings, t3: Turbo3) -> str:
@@ -112,7 +140,7 @@ def _turbo3_notes(decision: Decision, notes: list[str], filled: bool, in_launche
         notes.append(f"gdn_legacy= and turbo3= are decided when vLLM loads the model ({'; '.join(t3.reasons)}): "
                      "the plugin decides in each vLLM process from the model's real config"
                      + (", and require-turbo3 refuses there" if settings.require_turbo3 else ""))
-    elif settings.require_turbo3:
+    elif _turbo3_refuses(decision):
         refusal = _turbo3_refusal(settings, t3)
     elif facts.sm75_count and settings.mode == "auto":
         notes.append("turbo3=inactive, serving on vLLM's own kernels with the guards: " + "; ".join(t3.reasons))
@@ -131,27 +159,12 @@ def guard_results(decision: Decision, env: Mapping[str, str], cache: CacheState 
             cache_guard(decision, env, cache), ray_copy_guard(decision, env))
 
 
-def env_updates(guards: Sequence[GuardResult]) -> dict[str, str]:
-    """The variables those guards set (kept ones are already in the environment)."""
-    return {c.var: c.value for r in guards for c in r.changes if c.action == "set"}
-
-
-def probe_wanted(decision: Decision, env: Mapping[str, str]) -> bool:
-    """Whether this launch asks for the FlashInfer sampler test build (probe mode, a release that runs it)."""
-    guards = guard_results(decision, env)
-    return bool(guards) and guards[0].status == "probe-pending"
-
-
 def would_stop(decision: Decision, refused: str | None = None) -> bool:
     """Whether the plan of this decision (with `refused`, the user's arguments' refusal) stops a real
-    launch: Plan.stop_reason's rule, known before the plan is built."""
-    settings, facts, t3 = decision.settings, decision.facts, decision.turbo3
-    refusal = refused or (settings.require_turbo3 and not t3.active and not t3.pending)
-    if not settings.active:
-        return False
-    if not facts.sm75_count:
-        return bool(refusal)
-    return bool(refusal) or any(c.status is Status.FAIL for c in run_checks(facts))
+    launch, known before the plan is built: Plan.stop_reason's rule on the same checks and refusals."""
+    refusal = refused or ("require-turbo3" if _turbo3_refuses(decision) else None)
+    return _stop_reason(decision.settings.active, decision.facts.sm75_count, run_checks(decision.facts),
+                        refusal) is not None
 
 
 def _off_because(settings: Settings) -> str:
@@ -179,7 +192,7 @@ def _not_given(proposed: Sequence[FilledArg], args: VllmArgs, notes: list[str]) 
 
 def make_plan(decision: Decision, env: Mapping[str, str], args: VllmArgs,
               cache: CacheState | None = None, sampler_probe: SamplerProbe | None = None, *,
-              fill: LaunchFill | None = None, nodes: NodesPlan | None = None, node_line: str | None = None,
+              fill: LaunchFill | None = None, nodes: NodesPlan | None = None, node: str | None = None,
               refused: str | None = None, in_launcher: bool = False) -> Plan:
     """Plan the launch from the process's one decision, once. Pure: reads only its arguments, writes nothing.
 
@@ -187,7 +200,8 @@ def make_plan(decision: Decision, env: Mapping[str, str], args: VllmArgs,
     `sampler_probe` the FlashInfer test build's result (None: not run). What caovan-vllm-serve adds
     (`in_launcher`): `fill`, its launch profile's step (the vLLM arguments it proposes, of which only
     those the user did not give are used, its lines, warnings and failures); `nodes`, a launch over
-    several machines; `node_line`, this node's summary; `refused`, the refusal of the user's vLLM
+    several machines; `node`, this machine's name where the launch spans several (its summary
+    line, from the plan's own variables, goes in the notes); `refused`, the refusal of the user's vLLM
     arguments, which comes first in the plan's refusal.
     """
     facts, settings = decision.facts, decision.settings
@@ -198,7 +212,7 @@ def make_plan(decision: Decision, env: Mapping[str, str], args: VllmArgs,
     notes = list(args.notes)
     if facts.source != "probe":   # what reading the facts file changed (CUDA_VISIBLE_DEVICES)
         notes += [f"facts: {n}" for n in facts.notes]
-    launcher_notes = [*(fill.lines if fill else ()), *(nodes.lines() if nodes else ()), *([node_line] if node_line else ())]
+    launcher_notes = [*(fill.lines if fill else ()), *(nodes.lines() if nodes else ())]
     common = dict(runtime=runtime, checks=checks, user_argv=args.argv, sm75_gpus=facts.sm75_count, nodes=nodes,
                   failures=_fill_failures(fill))
 
@@ -209,7 +223,7 @@ def make_plan(decision: Decision, env: Mapping[str, str], args: VllmArgs,
         status.update(mode="off", vllm=facts.versions.vllm or "none")
         notes.append(f"the plugin is off ({_off_because(settings)}): vLLM runs untouched")
         return Plan(status=status, env=(), warnings=(*warnings, *(fill.warnings if fill else ())), active=False,
-                    refusal=refusal_with(None), notes=(*notes, *launcher_notes), **common)
+                    refusal=refusal_with(None), notes=(*notes, *launcher_notes, *_node_line(node, facts, cache, ())), **common)
 
     gdn, t3 = decision.gdn, decision.turbo3
     results = guard_results(decision, env, cache, sampler_probe)
@@ -233,4 +247,5 @@ def make_plan(decision: Decision, env: Mapping[str, str], args: VllmArgs,
     filled = _not_given(proposed, args, notes)
     return Plan(status=status, env=env_changes, warnings=(*warnings, *(fill.warnings if fill else ())),
                 refusal=refusal_with(refusal), cache=cache, sampler_probe=sampler_probe, filled_args=tuple(filled),
-                notes=(*notes, *launcher_notes), **common)
+                notes=(*notes, *launcher_notes, *_node_line(node, facts, cache, env_changes)),
+                **common)
