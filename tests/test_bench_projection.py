@@ -51,7 +51,7 @@ def test_each_class_scales_by_its_roofline_ratio_with_the_launch_floor(seed: int
     launch = rng.uniform(0.5, 3.0)
     name = rng.choice(["prefill_8192", "prefill_32768", "decode_1024", "late_chunk_32768", "decode_at_131072"])
     prof = _profile(rng, 256)
-    r = project.row_of(name, prof["tokens"], 2048, 256)
+    r = project.row_of(name, prof["tokens"], 2048)
     out = project.project_row(prof, r, s, here, there, launch)
     for cls, c in out["classes"].items():
         w = project.work(cls, r, s)
@@ -79,15 +79,15 @@ def test_compute_bound_work_scales_by_peak_and_memory_bound_by_bandwidth() -> No
 
 def test_decode_reads_every_weight_once_a_token_and_prefill_computes_on_every_token() -> None:
     s = project.Shapes.of(CONFIG, WEIGHTS)
-    d = project.row_of("decode_1024", 256, 2048, 256)
+    d = project.row_of("decode_1024", 256, 2048)
     flops, bytes_ = project.work("gemm", d, s)
     assert bytes_ >= 256 * (WEIGHTS["matrix"]["bytes"] + WEIGHTS["lm_head"]["bytes"])
-    p = project.row_of("prefill_8192", 8192, 2048, 256)
+    p = project.row_of("prefill_8192", 8192, 2048)
     assert p.steps == 4
     flops_p, _ = project.work("gemm", p, s)
     assert flops_p == pytest.approx(2 * (WEIGHTS["matrix"]["elements"] * 8192 + WEIGHTS["lm_head"]["elements"] * 4))
-    late = project.row_of("late_chunk_131072", 2048, 2048, 256)
-    whole = project.row_of("prefill_32768", 32768, 2048, 256)
+    late = project.row_of("late_chunk_131072", 2048, 2048)
+    whole = project.row_of("prefill_32768", 32768, 2048)
     assert late.pairs > 2048 * (131072 - 2048) and whole.pairs == 32768 * 32769 / 2
 
 
@@ -96,7 +96,7 @@ def test_field_check_scales_the_decode_row_as_stated() -> None:
     cards, _ = project.cards()
     s = project.Shapes.of(CONFIG, WEIGHTS)
     prof = _profile(rng, 256)
-    decode = project.project_row(prof, project.row_of("decode_1024", 256, 2048, 256), s, cards["h100-sxm"],
+    decode = project.project_row(prof, project.row_of("decode_1024", 256, 2048), s, cards["h100-sxm"],
                                  cards[project.TARGET], 1.0)
     f = project.Field()
     fc = project.field_check(decode, s, f)

@@ -142,17 +142,18 @@ class Row:
     context: int       # keys at the end of the row
 
 
-def row_of(name: str, tokens: int, chunk: int, decode_tokens: int) -> Row:
-    """The row's work from its name (engine_check's profile rows)."""
+def row_of(name: str, tokens: int, chunk: int) -> Row:
+    """The row's work from its name (engine_check's profile rows) and the tokens it stands for
+    (a decode row's steps, a late chunk's length)."""
     if name.startswith("prefill_"):
         n = int(name.split("_")[1])
         return Row(name, n, -(-n // chunk), n * (n + 1) / 2, n)
     if name.startswith("late_chunk_"):
         n = int(name.split("_")[2])
-        return Row(name, chunk, 1, chunk * (n - chunk) + chunk * (chunk + 1) / 2, n)
+        return Row(name, tokens, 1, tokens * (n - tokens) + tokens * (tokens + 1) / 2, n)
     if name.startswith("decode_"):
         depth = 1024 if name == "decode_1024" else int(name.split("_")[2])
-        return Row(name, decode_tokens, decode_tokens, decode_tokens * (depth + decode_tokens / 2), depth)
+        return Row(name, tokens, tokens, tokens * (depth + tokens / 2), depth)
     raise ValueError(f"unknown profile row {name!r}")
 
 
@@ -259,8 +260,7 @@ def project(run: dict[str, Any], config: dict[str, Any], launch: dict[str, Any],
     there = cards()[0][TARGET]
     s = Shapes.of(config, run["weights"])
     chunk = _arg(run["argv"], "--chunk", 2048)
-    decode_tokens = 256
-    rows = [project_row(p, row_of(name, p["tokens"], chunk, decode_tokens), s, here, there,
+    rows = [project_row(p, row_of(name, p["tokens"], chunk), s, here, there,
                         launch["graph_us_per_kernel"])
             for name, p in run["profile"].items()]
     out = {"measured_on": asdict(here), "projected_onto": asdict(there), "launch": launch, "shapes": asdict(s),
