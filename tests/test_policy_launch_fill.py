@@ -59,6 +59,16 @@ def pinned_facts(vllm: str) -> Facts:
     return Facts.from_dict(facts_dict(versions={"vllm": vllm, "triton": pins.triton_version}))
 
 
+def no_mtp_model(tmp_path):
+    """The example checkpoint without its MTP weights (the config still declares the layer)."""
+    model_dir = tmp_path / "no-mtp"
+    shutil.copytree(QWEN, model_dir)
+    index = json.loads((model_dir / "model.safetensors.index.json").read_text())
+    index["weight_map"] = {k: v for k, v in index["weight_map"].items() if not k.startswith("mtp.")}
+    (model_dir / "model.safetensors.index.json").write_text(json.dumps(index))
+    return read_model(str(model_dir))
+
+
 def test_field_launch_on_2x22g_vllm021():
     r = fill(Facts.load(EXAMPLES / "2x2080ti-22g.json"))
     got = filled(r)
@@ -91,12 +101,19 @@ def test_field_launch_on_2x22g_vllm021():
     ("0.33.0", "fp8", "CUSTOM", None),          # Triton 3.8; --mamba-cache-mode deprecated, no effect
     ("0.34.0", "fp8", "CUSTOM", None),
 ])
-def test_release_rules(vllm, kv, backend, mamba):
-    got = filled(fill(pinned_facts(vllm), "--enable-prefix-caching"))
+def test_release_rules(vllm, kv, backend, mamba, tmp_path):
+    """Without MTP (a checkpoint without its weights) the profile's fp8 KV rests on the release's
+    backend or ours; with MTP from 0.24 it is fp16 on TRITON_ATTN until MTP with fp8 KV is proven."""
+    got = filled(fill(pinned_facts(vllm), "--enable-prefix-caching", model=no_mtp_model(tmp_path)))
     assert got["--kv-cache-dtype"] == kv and got["--attention-backend"] == backend
     assert got.get("--mamba-cache-mode") == mamba
+    with_mtp = filled(fill(pinned_facts(vllm), "--speculative-config", MTP3))
+    ours = backend == "CUSTOM"
+    assert with_mtp["--kv-cache-dtype"] == ("auto" if ours else kv)
+    assert with_mtp["--attention-backend"] == ("TRITON_ATTN" if ours else backend)
     # fp16 KV takes twice the bytes: the context that fits is shorter than 0.21's 262144
-    assert (int(got["--max-model-len"]) == 262144) == (kv == "fp8")
+    for plan in (got, with_mtp):
+        assert (int(plan["--max-model-len"]) == 262144) == (plan["--kv-cache-dtype"] == "fp8")
 
 
 def test_user_values_are_kept_and_drive_the_arithmetic():
@@ -131,12 +148,7 @@ def test_user_bf16_and_fp8_on_new_release_warn_but_stay():
 
 
 def test_no_mtp_weights_no_speculative_config(tmp_path):
-    model_dir = tmp_path / "no-mtp"
-    shutil.copytree(QWEN, model_dir)
-    index = json.loads((model_dir / "model.safetensors.index.json").read_text())
-    index["weight_map"] = {k: v for k, v in index["weight_map"].items() if not k.startswith("mtp.")}
-    (model_dir / "model.safetensors.index.json").write_text(json.dumps(index))
-    model = read_model(str(model_dir))
+    model = no_mtp_model(tmp_path)
     assert model.mtp_weights == 0 and model_shape(model.config).mtp_layers == 1
     r = fill(facts_for(), model=model)
     got = filled(r)
@@ -232,16 +244,17 @@ def test_reasons_name_the_profile_and_its_source_holds_the_field_numbers():
 
 @pytest.mark.parametrize("vllm", ["0.24.0", "0.26.0"])
 def test_fp8_kv_through_our_backend_keeps_the_021_context(vllm):
-    """Issue 20: with our attention backend, 0.24+ plans the same fp8 context as 0.21."""
+    """Issue 20: with our attention backend, 0.24+ plans the same fp8 context as 0.21 (fp8 asked for:
+    beside MTP the profile fills it only where proven)."""
     ref = filled(fill(Facts.load(EXAMPLES / "2x2080ti-22g.json")))
-    r = fill(pinned_facts(vllm))
+    r = fill(pinned_facts(vllm), "--kv-cache-dtype", "fp8")
     got = filled(r)
-    assert got["--kv-cache-dtype"] == "fp8" and got["--attention-backend"] == "CUSTOM"
+    assert "--kv-cache-dtype" not in got and got["--attention-backend"] == "CUSTOM"
     assert got["--max-model-len"] == ref["--max-model-len"] == "262144"
     assert "our attention backend" in next(a.reason for a in r.args if a.flag == "--attention-backend")
 
 
-def test_unverified_turbo_falls_back_to_fp16_kv_with_the_reason():
+def test_unverified_turbo_falls_back_to_fp16_kv_with_the_reason(tmp_path):
     """0.33 with Triton 3.9, where the Turbo hook is not verified: fp16 KV on TRITON_ATTN, saying why;
     the rule follows the Turbo decision, not a list of releases."""
     r = fill(Facts.from_dict(facts_dict(versions={"vllm": "0.33.0", "triton": "3.9.0"})))
@@ -252,8 +265,9 @@ def test_unverified_turbo_falls_back_to_fp16_kv_with_the_reason():
     assert "turbo=off-unverified-triton-3.9.0" in why and "tensor cores" in why
     # A decision for a Triton our attention kernel was verified with (hypothetical on 0.33)
     verified = TurboDecision(True, True, "auto", "Triton 3.6 verified", triton="3.6.0")
-    got = filled(fill_launch(decision_for(pinned_facts("0.33.0"), turbo=verified), read_model(str(QWEN)),
-                             read_vllm_args([str(QWEN)]), TABLE))
+    plain = no_mtp_model(tmp_path)
+    got = filled(fill_launch(decision_for(pinned_facts("0.33.0"), plain, turbo=verified), plain,
+                             read_vllm_args([plain.path]), TABLE))
     assert got["--kv-cache-dtype"] == "fp8" and got["--attention-backend"] == "CUSTOM"
     assert got["--max-model-len"] == "262144"
 
@@ -404,7 +418,10 @@ def test_full_graphs_with_mtp_only_where_the_engine_check_proved_them():
 
     got, why = mode("0.24.0", "--kv-cache-dtype", "auto", "--attention-backend", "CUSTOM")
     assert got == "FULL_AND_PIECEWISE" and "proved exact" in why and proof.results in why
-    got, why = mode("0.24.0")   # the profile's fp8 KV: not proved
+    got, why = mode("0.24.0")   # beside MTP the profile's KV is fp16 on TRITON_ATTN: proved too
+    triton = next(p for p in load_proofs() if p.id == MTP_FULL_GRAPHS and p.attention_backend == "TRITON_ATTN")
+    assert got == "FULL_AND_PIECEWISE" and triton.results in why and (ROOT_DIR / triton.results).is_dir()
+    got, why = mode("0.24.0", "--kv-cache-dtype", "fp8")   # fp8 KV asked for: not proved
     assert got == "PIECEWISE" and "has not proved" in why and "KV fp8" in why
     assert mode("0.21.0")[0] == "PIECEWISE"
     warned = fill(pinned_facts("0.21.0"), "--compilation-config", '{"cudagraph_mode":"FULL_AND_PIECEWISE"}')
@@ -412,3 +429,77 @@ def test_full_graphs_with_mtp_only_where_the_engine_check_proved_them():
     quiet = fill(pinned_facts("0.24.0"), "--kv-cache-dtype", "auto", "--attention-backend", "CUSTOM",
                  "--compilation-config", '{"cudagraph_mode":"FULL_AND_PIECEWISE"}')
     assert not any("FULL CUDA graphs with MTP" in w for w in quiet.warnings)
+
+
+RELEASES = sorted(json.loads(
+    (EXAMPLES.parent / "src/caovan_vllm_sm75_turbo3/data/vllm_release_pins.json").read_text())["releases"])
+
+
+def spec_of(r) -> dict | None:
+    arg = next((a for a in r.args if a.flag == "--speculative-config"), None)
+    return None if arg is None else json.loads(arg.value)
+
+
+def test_mtp_drafter_gets_a_backend_for_fp8_kv_or_the_profile_keeps_fp16():
+    """vLLM 0.24.0 in our engine check: MTP with fp8 KV stopped at start, the drafter on TRITON_ATTN
+    (it never takes --attention-backend). Each way a user can arrive there."""
+    facts = pinned_facts("0.24.0")
+    default = fill(facts)
+    kv = next(a for a in default.args if a.flag == "--kv-cache-dtype")
+    assert kv.value == "auto" and "drafter" in kv.reason and "has not proved" in kv.reason
+    assert "attention_backend" not in spec_of(default) and default.failures == ()
+    # fp8 asked for: MTP is filled with the drafter on our backend, said to be unproven
+    asked = fill(facts, "--kv-cache-dtype", "fp8")
+    assert spec_of(asked)["attention_backend"] == "CUSTOM" and filled(asked)["--attention-backend"] == "CUSTOM"
+    why = next(a.reason for a in asked.args if a.flag == "--speculative-config")
+    assert "not yet proven" in why and asked.failures == ()
+    # the user's own MTP config without a drafter backend: fp16 KV, and how to have fp8
+    own = fill(facts, "--speculative-config", MTP3)
+    kv = next(a for a in own.args if a.flag == "--kv-cache-dtype")
+    assert kv.value == "auto" and '"attention_backend":"CUSTOM"' in kv.reason
+    # both given: kept, and vLLM is expected to fail, with the fix
+    both = fill(facts, "--speculative-config", MTP3, "--kv-cache-dtype", "fp8")
+    assert "--speculative-config" not in filled(both) and "--kv-cache-dtype" not in filled(both)
+    assert len(both.failures) == 1 and '"attention_backend":"CUSTOM"' in both.failures[0]
+    named = '{"method":"mtp","num_speculative_tokens":3,"attention_backend":"custom"}'
+    assert fill(facts, "--speculative-config", named, "--kv-cache-dtype", "fp8").failures == ()
+    assert fill(facts, "--speculative-config.attention_backend", "CUSTOM", "--speculative-config.method", "mtp",
+                "--speculative-config.num_speculative_tokens", "3", "--kv-cache-dtype", "fp8").failures == ()
+    # up to 0.23 vLLM's own backends serve fp8 on SM75, the drafter's pick among them: nothing named
+    old = fill(pinned_facts("0.23.0"))
+    assert filled(old)["--kv-cache-dtype"] == "fp8" and "attention_backend" not in spec_of(old)
+
+
+def test_a_proof_of_mtp_with_fp8_kv_lets_the_profile_fill_both(monkeypatch):
+    from caovan_vllm_sm75_turbo3.policy import engine_proofs as ep
+
+    proof = ep.Proof(ep.MTP_FP8_KV, "0.24", "CUSTOM", "fp8", "test", "test card", "2026-12-07", "nowhere")
+    monkeypatch.setattr(ep, "load_proofs", lambda: (proof,))
+    r = fill(pinned_facts("0.24.0"))
+    got = filled(r)
+    assert got["--kv-cache-dtype"] == "fp8" and got["--attention-backend"] == "CUSTOM"
+    assert spec_of(r)["attention_backend"] == "CUSTOM"
+    assert "not yet proven" not in next(a.reason for a in r.args if a.flag == "--speculative-config")
+    assert filled(fill(pinned_facts("0.26.0")))["--kv-cache-dtype"] == "auto"   # proven on 0.24 only
+
+
+@pytest.mark.parametrize("vllm", RELEASES)
+@pytest.mark.parametrize("user", [(), ("--kv-cache-dtype", "fp8"), ("--kv-cache-dtype", "fp8_e5m2"),
+                                  ("--speculative-config", MTP3), ("--kv-cache-dtype", "auto"),
+                                  ("--speculative-config", MTP3, "--kv-cache-dtype", "fp8"),
+                                  ("--attention-backend", "TRITON_ATTN")])
+def test_no_launch_we_exec_silently_starts_a_drafter_that_refuses_its_kv(vllm, user):
+    """The property: with MTP and fp8 KV on a release whose own backends refuse fp8 on SM75, the
+    drafter is named a backend that serves it, or the plan says vLLM is expected to fail."""
+    from caovan_vllm_sm75_turbo3.policy.attention import drafter_backend_needed, vllm_fp8_kv_on_sm75
+
+    r = fill(pinned_facts(vllm), *user)
+    args = dict(zip(user[::2], user[1::2])) | filled(r)
+    kv = args.get("--kv-cache-dtype", "auto")
+    spec = json.loads(args["--speculative-config"]) if "--speculative-config" in args else None
+    need = drafter_backend_needed(vllm, kv)
+    assert (need is not None) == (kv.startswith("fp8") and not vllm_fp8_kv_on_sm75(vllm))
+    if spec and need:
+        assert spec.get("attention_backend", "").upper() == need or r.failures, (args, r.failures)
+    if "--speculative-config" not in user and "--kv-cache-dtype" not in user:
+        assert not (spec and need), args   # what we fill alone is never that pair unproven

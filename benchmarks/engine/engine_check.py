@@ -529,6 +529,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
                                     "prompt_lookup_min": 2, "prompt_lookup_max": 4}
     if args.spec == "mtp":
         kw["speculative_config"] = {"method": "mtp", "num_speculative_tokens": args.draft_tokens}
+        if args.draft_attention_backend:
+            kw["speculative_config"]["attention_backend"] = args.draft_attention_backend
         kw["disable_log_stats"] = False   # vLLM's spec-decode counters (LLM.get_metrics)
     return kw
 
@@ -550,6 +552,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spec", choices=("none", "mtp"), default="none",
                         help="speculative decoding with the model's MTP layers (acceptance counted)")
     parser.add_argument("--draft-tokens", type=int, default=3, help="MTP draft tokens a step (default 3)")
+    parser.add_argument("--draft-attention-backend", default=None,
+                        help="with --spec: the drafter's attention backend (vLLM 0.24+ never gives it the "
+                             "target's: without this it picks its own, TRITON_ATTN on SM75)")
     parser.add_argument("--reference", default=None,
                         help="with --spec: a run of the same engine without speculation; its greedy tokens "
                              "are replayed as drafts with seeded wrong guesses (acceptance known per step)")

@@ -10,7 +10,7 @@
 #   on-custom        plugin on, our attention backend (--attention-backend CUSTOM), --speed
 #   on-custom-fp8    the same with fp8 (e4m3) KV
 #   <mode>-mtp       any of on, on-custom, on-custom-fp8 with MTP (--spec mtp, DRAFT draft tokens, default
-#                    3); where <mode><TAG>.json is already in $OUT (run it first, same call), its greedy tokens
+#                    3; DRAFT_ATTN=B gives the drafter attention backend B, else vLLM 0.24+ picks its own); where <mode><TAG>.json is already in $OUT (run it first, same call), its greedy tokens
 #                    are replayed as drafts and decode is timed at each acceptance 0..N (--reference)
 #   <mode>-mtp-unfixed  the same without our fix of MTP prefix-cache hits (--cache-fix off)
 # ARGS is added to every mode (e.g. "--long-context 32768 131072", "--tensor-parallel-size 2": workers
@@ -44,6 +44,7 @@ mode_args() {   # MODE -> plugin state, then engine_check arguments
            echo "$inner --cache-fix off"; return 0 ;;
     *-mtp) local base; base=$(mode_args "${1%-mtp}") || return 1
            echo "$base --spec mtp --draft-tokens ${DRAFT:-3}"
+           [ -n "${DRAFT_ATTN:-}" ] && echo " --draft-attention-backend $DRAFT_ATTN"
            local ref="$OUTDIR/$SHIM-${1%-mtp}${TAG:-}.json"
            [ -f "$ref" ] && echo " --reference $ref"
            return 0 ;;

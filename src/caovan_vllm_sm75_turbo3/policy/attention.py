@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..config import Settings
+from ..kernels.attention.configs import FP8_CACHE_DTYPES
 from ..runtime.facts import Facts
 from . import vllm_versions as vv
 from .turbo import ATTENTION_KERNELS, TurboDecision
@@ -32,6 +33,16 @@ def our_backend_problem(version: str | vv.Release | None, turbo: TurboDecision) 
 def fp8_kv_on_sm75(version: str | vv.Release | None, turbo: TurboDecision | None = None) -> bool:
     """Whether fp8 KV is served on SM75: by vLLM's own backends, or by ours given the Turbo decision."""
     return vllm_fp8_kv_on_sm75(version) or (turbo is not None and our_backend_problem(version, turbo) is None)
+
+
+def drafter_backend_needed(version: str | vv.Release | None, kv: str | None) -> str | None:
+    """The attention backend a speculative drafter must be named (speculative_config.attention_backend)
+    for this KV cache dtype to start on SM75: ours where fp8 KV rests on it, since the drafter never
+    takes the target's backend and picks TRITON_ATTN, which refuses fp8 from 0.24. None: its own pick serves."""
+    release = vv.release(version)
+    if kv not in FP8_CACHE_DTYPES or vllm_fp8_kv_on_sm75(release):
+        return None
+    return OUR_BACKEND if release.has("drafter-picks-own-attention-backend") else None
 
 
 @dataclass(frozen=True)

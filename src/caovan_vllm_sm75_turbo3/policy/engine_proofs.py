@@ -11,6 +11,7 @@ from importlib import resources
 from ..versions import minor_key
 
 MTP_FULL_GRAPHS = "mtp-full-cudagraphs"
+MTP_FP8_KV = "mtp-fp8-kv"   # MTP with fp8 KV, the drafter on our backend (policy/attention.drafter_backend_needed)
 
 
 @dataclass(frozen=True)

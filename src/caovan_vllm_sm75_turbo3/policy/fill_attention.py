@@ -6,19 +6,27 @@ from typing import Any
 
 from ..kernels.attention.configs import FP8_CACHE_DTYPES
 from . import vllm_versions as vv
-from .attention import OUR_BACKEND, fp8_kv_on_sm75, our_backend_problem, vllm_fp8_kv_on_sm75
+from .attention import OUR_BACKEND, drafter_backend_needed, fp8_kv_on_sm75, our_backend_problem, vllm_fp8_kv_on_sm75
+from .engine_proofs import MTP_FP8_KV, proof_for
+from .fill_decode import DRAFTER_WHY, SpecChoice
 from .fill_base import Filler
 from .turbo import TurboDecision
 
 KV_BYTES = dict.fromkeys(FP8_CACHE_DTYPES, 1)  # anything else: the fp16 model dtype, 2 bytes
 
 
-def fill_kv_cache_dtype(f: Filler, launch: dict[str, Any], version: str | None, turbo: TurboDecision) -> str:
-    """KV cache dtype: fp8 only where a backend serves it on SM75 (vLLM's, or ours from 0.24). Returns
-    the effective one."""
+def fill_kv_cache_dtype(f: Filler, launch: dict[str, Any], version: str | None, turbo: TurboDecision,
+                        spec: SpecChoice | None = None) -> str:
+    """KV cache dtype: fp8 only where a backend serves it on SM75 (vLLM's, or ours from 0.24), and with
+    MTP (`spec`) only where its drafter can be given a backend for it and our engine check proved
+    that pair (data/engine_proofs.json). Returns the effective one."""
     kv_pref = launch.get("kv_cache_dtype")
     if kv_pref:
-        if kv_pref in KV_BYTES and not fp8_kv_on_sm75(version, turbo):
+        served = kv_pref in KV_BYTES and fp8_kv_on_sm75(version, turbo)
+        without = _fp8_without_mtp(f, kv_pref, version, spec) if served else None
+        if without:
+            f.fill("--kv-cache-dtype", "auto", without)
+        elif kv_pref in KV_BYTES and not served:
             f.fill("--kv-cache-dtype", "auto", f"the profile asks {kv_pref}, but vLLM {version} has no attention "
                    "backend for fp8 KV on SM75 (FlashInfer is refused below SM80 and Triton attention rejects "
                    f"fp8 below SM89 from 0.24) and ours cannot serve it: {our_backend_problem(version, turbo)}: "
@@ -37,6 +45,22 @@ def fill_kv_cache_dtype(f: Filler, launch: dict[str, Any], version: str | None, 
     if isinstance(kv_given, str):
         return kv_given
     return str(next((a.value for a in f.args if a.flag == "--kv-cache-dtype"), "auto"))
+
+
+def _fp8_without_mtp(f: Filler, kv: str, version: str | None, spec: SpecChoice | None) -> str | None:
+    """Why the profile's fp8 KV is not filled beside this launch's MTP (None: it may be)."""
+    need = drafter_backend_needed(version, kv) if spec is not None and spec.draft else None
+    if need is None or f.given("--kv-cache-dtype"):
+        return None
+    if spec is not None and spec.user_given and spec.user_backend != need:
+        return (f"the profile asks {kv} KV, but your --speculative-config names no attention_backend {need}: "
+                f"{DRAFTER_WHY}, so its drafter would not start: fp16 KV; add \"attention_backend\":\"{need}\" "
+                "to it to have fp8 KV")
+    if proof_for(MTP_FP8_KV, version, need, kv) is None:
+        return (f"the profile asks {kv} KV, but with MTP the drafter needs our backend for it ({DRAFTER_WHY}), "
+                f"and our engine check has not proved MTP with fp8 KV on vLLM {version}: fp16 KV, MTP kept "
+                f"for decode; pass --kv-cache-dtype {kv} to have fp8 (the drafter then gets our backend)")
+    return None
 
 
 def fill_attention_backend(f: Filler, launch: dict[str, Any], version: str | None, kv: str) -> None:

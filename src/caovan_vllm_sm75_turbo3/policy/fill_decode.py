@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from .. import safe_json
 from ..runtime.model import ModelFacts, ModelShape
 from .fill_base import COMPILATION, Filler
 from .profiles import Family, Profile
-from .engine_proofs import MTP_FULL_GRAPHS, proof_for
+from .attention import drafter_backend_needed
+from .engine_proofs import MTP_FP8_KV, MTP_FULL_GRAPHS, proof_for
 from .upstream_bugs import UpstreamBug, bugs_for
 
 MAX_CAPTURE_TOKENS = 512
@@ -47,22 +49,50 @@ def prefix_hazard_line(bug: UpstreamBug, version: str | None) -> str:
             f"models (upstream bug {bug.id}; {bug.in_source.split('. ')[0]})")
 
 
-def fill_speculative(f: Filler, profile: Profile, shape: ModelShape, model: ModelFacts,
-                      family: Family | None, version: str | None = None,
-                      prefix_hazard: UpstreamBug | None = None) -> int:
+@dataclass(frozen=True)
+class SpecChoice:
+    """Speculative decoding for this launch, chosen before the KV cache dtype (whose fp8 needs a
+    drafter backend with MTP): `draft` tokens; `config` and `reason` what fill_speculative adds
+    (None: the user's own config, or none); `user_backend` the attention_backend of the user's own
+    config (None where it names none or is not theirs)."""
+
+    draft: int
+    config: dict[str, Any] | None = None
+    reason: str = ""
+    user_given: bool = False
+    user_backend: str | None = None
+
+
+def _user_backend(f: Filler) -> str | None:
+    """The attention_backend named in the user's own --speculative-config, upper-cased (None: none)."""
+    raw = f.user_value("--speculative-config")
+    if isinstance(raw, str):
+        try:
+            cfg = safe_json.loads(raw)
+        except safe_json.BadJson:
+            return None
+        value = cfg.get("attention_backend") if isinstance(cfg, dict) else None
+    else:
+        value = f.user_value("--speculative-config.attention_backend")
+    return value.upper() if isinstance(value, str) and value.lower() != "auto" else None
+
+
+def choose_speculative(f: Filler, profile: Profile, shape: ModelShape, model: ModelFacts,
+                       family: Family | None, version: str | None = None,
+                       prefix_hazard: UpstreamBug | None = None) -> SpecChoice:
     """Speculative decoding: MTP only with MTP weights in the checkpoint, not where this release
     refuses it with pipeline parallel, and not beside prefix caching the user asked for where
-    `prefix_hazard` says that pair gives wrong output (data/upstream_bugs.json). Returns the draft tokens."""
+    `prefix_hazard` says that pair gives wrong output (data/upstream_bugs.json). Says why; fills nothing."""
     draft = _user_speculative(f)
     if draft is None and f.given("--speculative-config"):
         f.lines.append("kept: --speculative-config as given (draft tokens unreadable, the memory plan assumes none)")
-        return 0
+        return SpecChoice(0, user_given=True, user_backend=_user_backend(f))
     if draft is not None:
         f.lines.append(f"kept: --speculative-config as given ({draft} draft tokens)")
-        return draft
+        return SpecChoice(draft, user_given=True, user_backend=_user_backend(f))
     want = profile.launch.get("speculative_tokens", 0)
     if not want:
-        return 0
+        return SpecChoice(0)
     method = family.speculative_method if family else None
     pp = f.numbers.pipeline_parallel_size or 1
     refused = [b for b in bugs_for(version, speculative=True, pipeline_parallel=pp > 1, hybrid_gdn=shape.is_hybrid)
@@ -70,23 +100,47 @@ def fill_speculative(f: Filler, profile: Profile, shape: ModelShape, model: Mode
     if refused:
         f.lines.append(f"speculative: none: MTP with --pipeline-parallel-size {pp} does not start on vLLM {version} "
                        f"(upstream bug {refused[0].id}); decode runs without it")
-        return 0
+        return SpecChoice(0)
     if not model.has_mtp_weights:
         declared = f"the config declares {shape.mtp_layers} MTP layer(s) but " if shape.mtp_layers else ""
         f.lines.append(f"speculative: none: {declared}the checkpoint has no MTP weights (mtp.*)")
-        return 0
+        return SpecChoice(0)
     if not method:
         f.lines.append(f"speculative: none: no MTP method known for {shape.architecture}")
-        return 0
+        return SpecChoice(0)
     if prefix_hazard is not None and f.user_value("--enable-prefix-caching") is True:
         f.lines.append(f"speculative: none: you asked for prefix caching, and {prefix_hazard_line(prefix_hazard, version)}; "
                        "pass --speculative-config yourself to have both, or leave out --enable-prefix-caching "
                        "to have MTP")
-        return 0
-    f.fill("--speculative-config", {"method": method, "num_speculative_tokens": want},
-           f"the checkpoint has {model.mtp_weights} MTP weights; {want} draft tokens were the fastest count "
-           f"(profile {profile.name}: speeds in its source)")
-    return want
+        return SpecChoice(0)
+    return SpecChoice(want, {"method": method, "num_speculative_tokens": want},
+                      f"the checkpoint has {model.mtp_weights} MTP weights; {want} draft tokens were the fastest "
+                      f"count (profile {profile.name}: speeds in its source)")
+
+
+DRAFTER_WHY = ("vLLM never gives the drafter --attention-backend, and its own pick on SM75 (TRITON_ATTN) "
+               "refuses fp8 KV from 0.24")
+
+
+def fill_speculative(f: Filler, spec: SpecChoice, kv: str, version: str | None) -> int:
+    """Fill the chosen speculative config, naming the drafter's attention backend where this KV
+    cache dtype needs one (policy/attention.drafter_backend_needed); a user's own config that the
+    drafter cannot start with is a failure with the fix. Returns the draft tokens."""
+    need = drafter_backend_needed(version, kv) if spec.draft else None
+    if spec.config is not None:
+        config, reason = dict(spec.config), spec.reason
+        if need:
+            config["attention_backend"] = need
+            reason += f"; the drafter on our attention backend too, for {kv} KV: {DRAFTER_WHY}"
+            if proof_for(MTP_FP8_KV, version, need, kv) is None:
+                reason += " (MTP with fp8 KV is not yet proven by our engine check: you asked for fp8 KV)"
+        f.fill("--speculative-config", config, reason)
+    elif spec.user_given and need and spec.user_backend != need:
+        named = f"names attention_backend {spec.user_backend}" if spec.user_backend else "names no attention_backend"
+        f.failures.append(f"MTP with {kv} KV on vLLM {version}: your --speculative-config {named}, so the drafter "
+                          f"cannot start ({DRAFTER_WHY}): add \"attention_backend\":\"{need}\" to it, or use "
+                          "--kv-cache-dtype auto")
+    return spec.draft
 
 
 def _effective(f: Filler, flag: str) -> str | None:

@@ -9,7 +9,9 @@ every profile live here, not in the data:
 - fp8 KV only where an attention backend serves it on SM75: vLLM's own up to 0.23, ours
   (`--attention-backend CUSTOM`, plugin/attention) from 0.24 where the Turbo hook gives our
   kernel tensor cores; FlashInfer attention only where the release still runs it below SM80;
-- speculative decoding (MTP) only when the checkpoint has MTP weights;
+- speculative decoding (MTP) only when the checkpoint has MTP weights; its drafter named our attention
+  backend where fp8 KV rests on it (vLLM never gives the drafter the target's), and the profile's
+  fp8 KV beside MTP only where our engine check proved that pair (else fp16 KV, MTP kept);
 - with MTP on a hybrid GDN model, PIECEWISE CUDA graphs (FULL graphs garbled output in the field)
   unless our engine check proved FULL_AND_PIECEWISE exact for the release, attention backend and
   KV dtype (data/engine_proofs.json), with capture sizes for max-num-seqs x (1 + draft tokens);
@@ -26,7 +28,7 @@ from ..runtime.model import ModelFacts, ModelShape, model_shape
 from . import vllm_versions as vv
 from .fill_attention import KV_BYTES, fill_attention_backend, fill_kv_cache_dtype
 from .fill_base import Filler, LaunchFill
-from .fill_decode import fill_cuda_graphs, fill_speculative, prefix_hazard_line
+from .fill_decode import choose_speculative, fill_cuda_graphs, fill_speculative, prefix_hazard_line
 from .memory_plan import MemoryInputs, MemoryPlan, plan_memory
 from .decision import Decision
 from .upstream_bugs import UpstreamBug, bugs_for, wrong_output_with_prefix_cache
@@ -104,10 +106,11 @@ def fill_launch(decision: Decision, model: ModelFacts | None, args: VllmArgs, ta
     tp = _fill_tensor_parallel(f, launch, facts.sm75_count, shape, planned)
     _fill_dtype(f, launch)
     _check_user_dtype(f)
-    kv = fill_kv_cache_dtype(f, launch, version, turbo)
-    fill_attention_backend(f, launch, version, kv)
     hazard = wrong_output_with_prefix_cache(version, shape.is_hybrid, fixes)
-    draft = fill_speculative(f, profile, shape, model, table.families.get(setup.family or ""), version, hazard)
+    spec = choose_speculative(f, profile, shape, model, table.families.get(setup.family or ""), version, hazard)
+    kv = fill_kv_cache_dtype(f, launch, version, turbo, spec)
+    fill_attention_backend(f, launch, version, kv)
+    draft = fill_speculative(f, spec, kv, version)
     util = _fill_gpu_memory_utilization(f, launch, profile.name, planned)
     inputs = None if setup.gpu_memory_mib is None else MemoryInputs(
         gpu_memory_mib=setup.gpu_memory_mib, tensor_parallel=tp, gpu_memory_utilization=util,

@@ -46,6 +46,14 @@ FEATURES: tuple[ReleaseFeature, ...] = (
     ReleaseFeature("vllm-fp8-cache-write-on-sm75", None, "0.23",
                    "TRITON_ATTN's cache write (triton_reshape_and_cache_flash, a Triton kernel) stores fp8 below "
                    "SM89; from 0.24 it asserts has_device_capability(89) for any fp8 cache"),
+    ReleaseFeature("drafter-picks-own-attention-backend", None, None,
+                   "speculative decoding's drafter never takes --attention-backend: it picks its own unless "
+                   "speculative_config.attention_backend names one (_create_draft_vllm_config in "
+                   "vllm/v1/spec_decode/llm_base_proposer.py, \"Never inherit the attention backend\", read "
+                   "0.21.0, 0.24.0, 0.27.0; 0.34.0's v1/worker/gpu/spec_decode resets it alike). On SM75 from "
+                   "0.24 its pick is TRITON_ATTN, which refuses fp8 KV: MTP with fp8 KV stopped at start on "
+                   "vLLM 0.24.0 with our backend for the target (benchmarks/results/"
+                   "engine_h100_2026-12-07_vllm0.24_fp8_mtp_tritonattn)"),
     ReleaseFeature("triton-attn-cudagraph-always", None, None,
                    "TritonAttentionMetadataBuilder declares AttentionCGSupport.ALWAYS (FULL and PIECEWISE)"),
     ReleaseFeature("attn:triton-attn-v024", "0.24", None,
