@@ -59,6 +59,9 @@ FATAL_CASES = [
     ("triton_shared_memory_gdn.log", "triton-shared-memory", "Hardware limit: 65536", ["64 KiB"]),
     ("fp8_kv_vllm026.log", "fp8-kv-unsupported", "No valid attention backend found", ["vllm==0.21.0", "--kv-cache-dtype"]),
     ("fp8e4nv_triton.log", "fp8-kv-unsupported", "fp8e4nv not supported", ["--kv-cache-dtype"]),
+    # a real log: vLLM 0.24.0 in our engine check (benchmarks/results/engine_h100_2026-12-07_vllm0.24_fp8_mtp_tritonattn)
+    ("fp8_kv_mtp_drafter_vllm024.log", "fp8-kv-mtp-drafter", "FP8 KV cache is not supported by the Triton attention",
+     ['"attention_backend":"CUSTOM"', "--kv-cache-dtype auto"]),
     ("cuda_oom_profile.log", "cuda-oom", "CUDA out of memory. Tried to allocate 2.25 GiB", ["--max-num-batched-tokens"]),
     ("cuda_oom_graph_capture.log", "cuda-oom", "CUDA out of memory. Tried to allocate 512.00 MiB",
      ["--gpu-memory-utilization", "cudagraph_capture_sizes", "--enforce-eager"]),
@@ -464,3 +467,16 @@ def test_each_vllm_wording_covers_every_supported_release_once():
                 (vv.minor_key(a)[0], m) for m in range(vv.minor_key(a)[1], vv.minor_key(b or a)[1] + 1))
         for text, minors in by_text.items():
             assert sorted(minors) == supported, (sig.id, text)
+
+
+def test_triton_fp8_refusal_without_a_drafter_nearby_is_the_plain_fp8_finding():
+    """The drafter's signature holds only with the drafter's frames around the line; else the model's own
+    layers refused fp8 KV, and the fix names our backend."""
+    line = ("(EngineCore pid=7) ValueError: FP8 KV cache is not supported by the Triton attention backend on "
+            "NVIDIA GeForce RTX 2080 Ti (compute capability 7.5); native FP8 (fp8e4nv) requires SM89+.\n")
+    t = run_text(RUNTIME_FAIL.replace("FAIL", "OK") + "INFO vllm=0.24.0\n" + line)
+    ff = t.first_failure
+    assert ff is not None and ff.id == "fp8-kv-unsupported"
+    assert "--attention-backend CUSTOM" in ff.fix
+    drafter = run_text("INFO [gpu_model_runner.py:5184] Loading drafter model...\n" + line)
+    assert drafter.first_failure is not None and drafter.first_failure.id == "fp8-kv-mtp-drafter"

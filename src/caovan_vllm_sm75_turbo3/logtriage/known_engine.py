@@ -199,20 +199,42 @@ ENGINE: tuple[Signature, ...] = (
     # triton/language/core.py: "type fp8e4nv not supported in this architecture. The supported fp8
     # dtypes are ..." (e4m3 needs SM89); vllm/platforms/cuda.py: "No valid attention backend found
     # for cuda with AttentionSelectorConfig(... kv_cache_dtype=fp8 ...). Reasons: {...}".
+    # vllm/v1/attention/backends/triton_attn.py (0.24-0.34): "FP8 KV cache is not supported by the Triton
+    # attention backend on <GPU> (compute capability 7.5); native FP8 (fp8e4nv) requires SM89+." Raised for
+    # the MTP drafter, which picks its own backend (policy/vllm_versions.py: drafter-picks-own-attention-backend).
+    Signature(
+        id="fp8-kv-mtp-drafter",
+        title="fp8 KV refused by the speculative drafter's attention backend",
+        needles=("FP8 KV cache is not supported by the Triton attention backend ",),   # 0.24-0.34 only: no Wording
+        context=("llm_base_proposer", "Loading drafter model", "drafter.load_model", "_mtp.py"),
+        otherwise="fp8-kv-unsupported",
+        rule=Rule.FATAL, role=Role.CAUSE,
+        cause=("Speculative decoding (MTP) was on with fp8 KV. vLLM never gives the drafter the "
+               "--attention-backend of the model: it picks its own, TRITON_ATTN on SM75, and from vLLM 0.24 "
+               "that backend refuses fp8 KV below SM89, even where our backend (CUSTOM) serves the model's "
+               "layers."),
+        fix=('Add "attention_backend":"CUSTOM" to --speculative-config (for example '
+             '\'{"method":"mtp","num_speculative_tokens":3,"attention_backend":"CUSTOM"}\'; not yet proven '
+             'by our engine check), or serve fp16 KV (--kv-cache-dtype auto). `caovan-vllm-serve` fills fp16 '
+             'KV beside MTP it fills, and names the drafter\'s backend when you ask for fp8.')),
     Signature(
         id="fp8-kv-unsupported",
         shown=('`type fp8e4nv not supported`, '
-               '`No valid attention backend found` with `kv_cache_dtype=fp8` or `kv_cache_dtype not supported`'),
+               '`No valid attention backend found` with `kv_cache_dtype=fp8` or `kv_cache_dtype not supported`, '
+               '`FP8 KV cache is not supported by the Triton attention backend` (0.24+)'),
         title="fp8 KV cache refused on this GPU",
-        needles=("fp8e4nv not supported", "No valid attention backend found"),
+        needles=("fp8e4nv not supported", "No valid attention backend found",
+                 "FP8 KV cache is not supported by the Triton attention backend "),
         confirm=re.compile(r"fp8e4nv not supported|kv_cache_dtype=(?P<kv_cache_dtype>fp8\w*)"
-                           r"|kv_cache_dtype not supported"),
+                           r"|kv_cache_dtype not supported|FP8 KV cache is not supported"),
         rule=Rule.FATAL, role=Role.CAUSE,
         cause=("fp8 (e4m3) needs SM89 in Triton; from vLLM 0.24 the Triton attention backend also rejects "
                "fp8 KV below SM89, so on SM75 there is no built-in backend for it."),
-        fix=("Serve with vLLM 0.21-0.23 (0.21.0 is the reference release: `pip install vllm==0.21.0`), "
-             "where fp8 KV works on SM75, or drop `--kv-cache-dtype fp8` (use `auto`: fp16 KV, half the "
-             "tokens per GiB) and lower --max-model-len to fit.")),
+        fix=("From vLLM 0.24 serve fp8 KV through our attention backend (--attention-backend CUSTOM, with "
+             "the plugin on: `caovan-vllm-serve` fills it), or serve with vLLM 0.21-0.23 (0.21.0 is the "
+             "reference release: `pip install vllm==0.21.0`), where fp8 KV works on SM75, or drop "
+             "`--kv-cache-dtype fp8` (use `auto`: fp16 KV, half the tokens per GiB) and lower "
+             "--max-model-len to fit.")),
     # torch: "CUDA out of memory. Tried to allocate ..."; vllm/v1/worker/gpu_model_runner.py load_model
     # and _dummy_sampler_run; vllm/v1/core/kv_cache_utils.py check_enough_kv_cache_memory.
     Signature(
