@@ -4,7 +4,11 @@ the GDN prefill the product we rebuild serves on Turing, built and called from i
 Its entry point is `flash_qla/ops/gated_delta_rule/legacy/sm_legacy.py`'s
 `chunk_gated_delta_rule_fwd_legacy(q, k, v, g, beta, scale, initial_state)` over a hand-written CUDA
 kernel (`csrc/gdn_forward.cu`): token-serial, on CUDA cores, float32 only, [B, T, H, D] tensors, no
-cu_seqlens, states [B, HV, K, V]. Nothing of it is copied here:
+cu_seqlens. Its states are [B, HV, V, K], our layout, in the kernel (it reads and writes state
+element ((b*HV + hv)*D + col)*D + row, col the value index that v and the output use, row the key
+index), though its docstring's reference and its own test read them as [K, V] (S^T k): our first
+device run (2026-12-07) transposed them as the docstring says, and the final state came back
+1.41 off float64, sqrt(2), what a transposed matrix gives. Nothing of it is copied here:
 - `build SRC OUT` (where it runs: nvcc, ninja and the torch and Python it will run with; no GPU
   needed) builds that .cu through torch's extension loader as the peer's own loader does, with TORCH_CUDA_ARCH_LIST=7.5+PTX, so the binary holds
   sm_75 code and compute_75 PTX: on another card the driver JIT-compiles the same PTX a Turing
@@ -12,7 +16,7 @@ cu_seqlens, states [B, HV, K, V]. Nothing of it is copied here:
 - `load(SRC, EXT)` imports sm_legacy.py by path (the package's `__init__` imports TileLang, which a
   Turing box lacks) and hands it the built module, so every call goes through its own input checks.
 
-At its best: inputs are converted to float32 and its state layout before the timed call (a bridge
+At its best: inputs are converted to float32 before the timed call (a bridge
 inside vLLM would convert fp16 q/k/v each call; that is left out of its time). Packed sequences
 have no varlen entry, so a case of several sequences runs both ways it can: one call per sequence,
 and one padded batch (padding with g = 0 and beta = 0 leaves the state unchanged, so the final
@@ -72,7 +76,7 @@ def padded(lens: list[int], x: Any) -> Any:
 
 
 class FlashQlaLegacy:
-    """Calls of the peer on one case, in our layout in and out (states [N, HV, V, K])."""
+    """Calls of the peer on one case; its states are in our layout (states [N, HV, V, K])."""
 
     def __init__(self, src: Path, ext: Path):
         self.legacy = load(src, ext)
@@ -84,7 +88,7 @@ class FlashQlaLegacy:
 
         fwd, scale = self.legacy.chunk_gated_delta_rule_fwd_legacy, q.shape[-1] ** -0.5
         f32 = [t.float().contiguous() for t in (q, k, v, g, beta)]
-        h0k = h0.float().transpose(-1, -2).contiguous()   # ours [N, HV, V, K] -> its [N, HV, K, V]
+        h0k = h0.float().contiguous()   # [N, HV, V, K] in its kernel as in ours
         starts = [0]
         for n in lens:
             starts.append(starts[-1] + n)
@@ -115,7 +119,7 @@ class FlashQlaLegacy:
             else:
                 o = torch.cat([x[0] for x in got], dim=1)
                 state = torch.cat([x[1] for x in got])
-            return o, state.transpose(-1, -2)
+            return o, state
         return call
 
 

@@ -1,12 +1,14 @@
 """benchmarks/flashqla_peer.py: the flashqla-legacy row's layout and packing, on the CPU.
 
 The peer itself needs CUDA (its wrapper refuses anything else), so the GPU run is where its numbers
-come from; what would only show there otherwise is our side of the call: its [N, HV, K, V] states
-against our [N, HV, V, K], fp16 inputs made float32, and packed sequences run one call each or as a
-padded batch. A stand-in with the peer's documented semantics (token-serial, q/k/v [B, T, H, D],
-state S updated as S = a*S + k (v - a*S^T k) beta, o = scale * S^T q; written here from its
-docstring, not copied) takes its place; both ways must give our float64 reference's outputs and
-final states, so a wrong transpose, a padding that moves a state, or a mis-sliced sequence fails.
+come from; what would only show there otherwise is our side of the call: its states, fp16 inputs
+made float32, and packed sequences run one call each or as a padded batch. A stand-in with the
+semantics of its kernel (csrc/gdn_forward.cu as read here, not copied: token-serial, q/k/v
+[B, T, H, D], the state S held [V, K] as ours, updated as S = a*S + (v - a*S k) beta k^T, o =
+scale * S q) takes its place; both ways must give our float64 reference's outputs and final
+states, so a wrong transpose, a padding that moves a state, or a mis-sliced sequence fails. The
+kernel's [V, K] is not what its docstring's reference says ([K, V]): the stand-in first followed
+the docstring, and the device run showed the state 1.41 off.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ pytestmark = pytest.mark.torch
 
 
 def stand_in(q, k, v, g, beta, scale, initial_state):
-    """The peer's contract: [B, T, H, D] in, states [B, HV, K, V], float32 only."""
+    """The peer's kernel: [B, T, H, D] in, states [B, HV, V, K], float32 only."""
     for t in (q, k, v, g, beta, initial_state):
         assert t.dtype == torch.float32 and t.is_contiguous()
     B, T, H, D = q.shape
@@ -42,9 +44,9 @@ def stand_in(q, k, v, g, beta, scale, initial_state):
             hq = hv // (HV // H)
             for t in range(T):
                 a, kk = torch.exp(g[b, t, hv].double()), k[b, t, hq].double()
-                delta = (v[b, t, hv].double() - a * (S[b, hv].T @ kk)) * beta[b, t, hv].double()
-                S[b, hv] = a * S[b, hv] + torch.outer(kk, delta)
-                o[b, t, hv] = scale * (S[b, hv].T @ q[b, t, hq].double())
+                delta = (v[b, t, hv].double() - a * (S[b, hv] @ kk)) * beta[b, t, hv].double()
+                S[b, hv] = a * S[b, hv] + torch.outer(delta, kk)
+                o[b, t, hv] = scale * (S[b, hv] @ q[b, t, hq].double())
     return o.float(), S.float()
 
 
