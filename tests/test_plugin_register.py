@@ -61,8 +61,8 @@ CHILD = textwrap.dedent("""
 def run_vllm_process(tmp_path: Path, serve_args: list[str], child: bool = False, **env: str) -> dict:
     full = {k: v for k, v in os.environ.items()
             if not k.startswith(("CAOVAN_", "VLLM_", "TRITON_", "TORCH", "FLASHINFER_", "CUDA_CACHE", "_CAOVAN"))}
-    full.update(HOME=str(tmp_path / "home"), CAOVAN_FACTS=str(FACTS), TEST_SERVE_ARGS=json.dumps(serve_args),
-                CAOVAN_CACHE_DIR=str(tmp_path / "cache"), **env)
+    full.update({"HOME": str(tmp_path / "home"), "CAOVAN_FACTS": str(FACTS), "TEST_SERVE_ARGS": json.dumps(serve_args),
+                 "CAOVAN_CACHE_DIR": str(tmp_path / "cache"), **env})
     if child:
         full["TEST_CHILD"] = CHILD
     r = subprocess.run([sys.executable, "-c", PROCESS], capture_output=True, text=True, env=full, timeout=300)
@@ -147,3 +147,36 @@ def test_banner_reaches_vllms_log_output(tmp_path):
     logged = r.stdout + r.stderr
     assert "Caovan vLLM SM75 Turbo3 external plugin v" in logged
     assert any(ln.endswith("] flashinfer_sampler=disabled-sm75-guard") for ln in logged.splitlines()), logged[-2000:]
+
+
+def test_a_drafter_that_cannot_serve_the_kv_dtype_is_warned_inside_vllm(tmp_path, monkeypatch, caplog):
+    """`vllm serve` with fp8 KV and MTP on vLLM 0.24: its drafter picks TRITON_ATTN and stops. The
+    plugin's plan says so, with the fix, as the launcher's would; named, it is quiet. (The process's
+    vLLM is this lane's 0.21, so the facts of a 0.24 process are handed in.)"""
+    import dataclasses
+    import logging
+
+    from caovan_vllm_sm75_turbo3.plugin.context import ProcessContext
+    from caovan_vllm_sm75_turbo3.plugin.register import apply_guards
+    from caovan_vllm_sm75_turbo3.runtime.facts import Facts
+
+    facts = Facts.load(FACTS)
+    facts = dataclasses.replace(facts, versions=dataclasses.replace(facts.versions, vllm="0.24.0", triton="3.6.0"))
+
+    class At024(ProcessContext):
+        @property
+        def facts(self) -> Facts:
+            return facts
+
+    def warnings(spec: str) -> list[str]:
+        env = {"HOME": str(tmp_path), "CAOVAN_CACHE_DIR": str(tmp_path / "cache"), "PATH": os.environ.get("PATH", "")}
+        monkeypatch.setattr(os, "environ", env)   # what the plan sets stays in this dict
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="caovan_vllm_sm75_turbo3"):
+            apply_guards(At024(env, ["/venv/bin/vllm", "serve", "/m", "--kv-cache-dtype", "fp8",
+                                     "--speculative-config", spec]))
+        return [r.getMessage() for r in caplog.records if "vLLM is expected to fail" in r.getMessage()]
+
+    warned = warnings('{"method":"mtp","num_speculative_tokens":3}')
+    assert len(warned) == 1 and "vLLM 0.24.0" in warned[0] and '"attention_backend":"CUSTOM"' in warned[0]
+    assert warnings('{"method":"mtp","num_speculative_tokens":3,"attention_backend":"CUSTOM"}') == []

@@ -452,22 +452,47 @@ def test_mtp_drafter_gets_a_backend_for_fp8_kv_or_the_profile_keeps_fp16():
     asked = fill(facts, "--kv-cache-dtype", "fp8")
     assert spec_of(asked)["attention_backend"] == "CUSTOM" and filled(asked)["--attention-backend"] == "CUSTOM"
     why = next(a.reason for a in asked.args if a.flag == "--speculative-config")
-    assert "not yet proven" in why and asked.failures == ()
+    assert "not yet proven" in why and judged(facts, asked, "--kv-cache-dtype", "fp8") is None
     # the user's own MTP config without a drafter backend: fp16 KV, and how to have fp8
     own = fill(facts, "--speculative-config", MTP3)
     kv = next(a for a in own.args if a.flag == "--kv-cache-dtype")
     assert kv.value == "auto" and '"attention_backend":"CUSTOM"' in kv.reason
     # both given: kept, and vLLM is expected to fail, with the fix
-    both = fill(facts, "--speculative-config", MTP3, "--kv-cache-dtype", "fp8")
+    user = ("--speculative-config", MTP3, "--kv-cache-dtype", "fp8")
+    both = fill(facts, *user)
     assert "--speculative-config" not in filled(both) and "--kv-cache-dtype" not in filled(both)
-    assert len(both.failures) == 1 and '"attention_backend":"CUSTOM"' in both.failures[0]
-    named = '{"method":"mtp","num_speculative_tokens":3,"attention_backend":"custom"}'
-    assert fill(facts, "--speculative-config", named, "--kv-cache-dtype", "fp8").failures == ()
-    assert fill(facts, "--speculative-config.attention_backend", "CUSTOM", "--speculative-config.method", "mtp",
-                "--speculative-config.num_speculative_tokens", "3", "--kv-cache-dtype", "fp8").failures == ()
+    assert '"attention_backend":"CUSTOM"' in judged(facts, both, *user)
+    named = ("--speculative-config", '{"method":"mtp","num_speculative_tokens":3,"attention_backend":"custom"}',
+             "--kv-cache-dtype", "fp8")
+    assert judged(facts, fill(facts, *named), *named) is None
+    dotted = ("--speculative-config.attention_backend", "CUSTOM", "--speculative-config.method", "mtp",
+              "--speculative-config.num_speculative_tokens", "3", "--kv-cache-dtype", "fp8")
+    assert judged(facts, fill(facts, *dotted), *dotted) is None
+    ngram = ("--speculative-config", '{"method":"ngram","num_speculative_tokens":3}', "--kv-cache-dtype", "fp8")
+    assert judged(facts, fill(facts, *ngram), *ngram) is None   # no draft model, no drafter attention
     # up to 0.23 vLLM's own backends serve fp8 on SM75, the drafter's pick among them: nothing named
     old = fill(pinned_facts("0.23.0"))
     assert filled(old)["--kv-cache-dtype"] == "fp8" and "attention_backend" not in spec_of(old)
+
+
+def judged(facts: Facts, r, *user: str) -> str | None:
+    """The plan's judgement of the launch's drafter (policy/drafter.py): the user's and the filled arguments."""
+    from caovan_vllm_sm75_turbo3.policy.drafter import drafter_failure
+
+    return drafter_failure(facts.versions.vllm, read_vllm_args([str(QWEN), *user]), r.args)
+
+
+def test_the_plan_judges_the_drafter_without_a_profile_too():
+    """`--profile none` and a vLLM process (no fill): the user's own pair is judged all the same."""
+    from helpers.plans import plan_from
+
+    facts = pinned_facts("0.26.0")
+    args = read_vllm_args([str(QWEN), "--speculative-config", MTP3, "--kv-cache-dtype", "fp8"])
+    plan = plan_from(facts, Settings(), {}, args)
+    assert len(plan.failures) == 1 and "vLLM 0.26.0" in plan.failures[0] and "drafter cannot start" in plan.failures[0]
+    ok = read_vllm_args([str(QWEN), "--speculative-config", MTP3, "--kv-cache-dtype", "auto"])
+    assert plan_from(facts, Settings(), {}, ok).failures == ()
+    assert plan_from(pinned_facts("0.23.0"), Settings(), {}, args).failures == ()
 
 
 def test_a_proof_of_mtp_with_fp8_kv_lets_the_profile_fill_both(monkeypatch):
@@ -500,6 +525,7 @@ def test_no_launch_we_exec_silently_starts_a_drafter_that_refuses_its_kv(vllm, u
     need = drafter_backend_needed(vllm, kv)
     assert (need is not None) == (kv.startswith("fp8") and not vllm_fp8_kv_on_sm75(vllm))
     if spec and need:
-        assert spec.get("attention_backend", "").upper() == need or r.failures, (args, r.failures)
+        named = spec.get("attention_backend", "").upper() == need
+        assert (judged(pinned_facts(vllm), r, *user) is None) == named, args
     if "--speculative-config" not in user and "--kv-cache-dtype" not in user:
         assert not (spec and need), args   # what we fill alone is never that pair unproven

@@ -84,6 +84,14 @@ def not_applied_line(pid: int, err: object) -> str:
     return f"{NOT_APPLIED} in this process (pid {pid}): {err}"
 
 
+EXPECTED_TO_FAIL = f"{PRODUCT}: vLLM is expected to fail:"
+
+
+def expected_to_fail_line(why: str) -> str:
+    """A vLLM process's warning that its own arguments will not start (the plan's failures)."""
+    return f"{EXPECTED_TO_FAIL} {why}"
+
+
 # --- per-process state lines: summarised by the triage, never judged as failures ----------------
 TURBO_PREFIX = f"{PRODUCT}:"
 TURBO_LINE = re.compile(rf"^{PRODUCT}: (?P<state>turbo=.*)$")

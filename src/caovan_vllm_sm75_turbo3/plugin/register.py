@@ -15,7 +15,8 @@ from pathlib import Path
 from ..caches.layout import hold_in_use
 from ..errors import Turbo3Refused
 from ..launch import APPLIED_MARK, apply_env, head_summary, plan_in_process
-from ..logformat import disabled_line, not_applied_line
+from ..logformat import disabled_line, expected_to_fail_line, not_applied_line
+from ..textsafe import safe
 from ..policy.banner import banner_lines, worker_line
 from ..policy.plan import Plan
 from .attention import install as install_attention
@@ -96,6 +97,8 @@ def apply_guards(ctx: ProcessContext | None = None) -> Plan | None:
         logger.warning(not_applied_line(os.getpid(), err))
         return None
     logger.info("\n".join(banner_lines(plan)))
+    for failure in plan.failures:   # vLLM's own arguments, judged here as the launcher judges them
+        logger.warning(safe(expected_to_fail_line(failure)))
     if plan.refusal:
         raise Turbo3Refused(plan.refusal)
     apply_env(plan, os.environ, f"vLLM process pid {os.getpid()}", head_summary(prepared, node_name()))

@@ -8,7 +8,8 @@ from ..kernels.attention.configs import FP8_CACHE_DTYPES
 from . import vllm_versions as vv
 from .attention import OUR_BACKEND, drafter_backend_needed, fp8_kv_on_sm75, our_backend_problem, vllm_fp8_kv_on_sm75
 from .engine_proofs import MTP_FP8_KV, proof_for
-from .fill_decode import DRAFTER_WHY, SpecChoice
+from .drafter import DRAFTER_WHY
+from .fill_decode import SpecChoice
 from .fill_base import Filler
 from .turbo import TurboDecision
 

@@ -6,11 +6,11 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from .. import safe_json
 from ..runtime.model import ModelFacts, ModelShape
 from .fill_base import COMPILATION, Filler
 from .profiles import Family, Profile
 from .attention import drafter_backend_needed
+from .drafter import DRAFTER_WHY, named_backend, user_speculative_config
 from .engine_proofs import MTP_FP8_KV, MTP_FULL_GRAPHS, proof_for
 from .upstream_bugs import UpstreamBug, bugs_for
 
@@ -33,14 +33,8 @@ def _draft_count(n: object) -> int | None:
 
 def _user_speculative(f: Filler) -> int | None:
     """Draft tokens in the user's own --speculative-config (None: not given or unreadable)."""
-    raw = f.user_value("--speculative-config")
-    if isinstance(raw, str):
-        try:
-            cfg = safe_json.loads(raw)  # bounded nesting: a hostile value cannot recurse
-        except safe_json.BadJson:
-            return None
-        return _draft_count(cfg.get("num_speculative_tokens") if isinstance(cfg, dict) else None)
-    return _draft_count(f.user_value("--speculative-config.num_speculative_tokens"))
+    cfg = user_speculative_config(f.user)
+    return _draft_count(cfg.get("num_speculative_tokens")) if cfg else None
 
 
 def prefix_hazard_line(bug: UpstreamBug, version: str | None) -> str:
@@ -63,20 +57,6 @@ class SpecChoice:
     user_backend: str | None = None
 
 
-def _user_backend(f: Filler) -> str | None:
-    """The attention_backend named in the user's own --speculative-config, upper-cased (None: none)."""
-    raw = f.user_value("--speculative-config")
-    if isinstance(raw, str):
-        try:
-            cfg = safe_json.loads(raw)
-        except safe_json.BadJson:
-            return None
-        value = cfg.get("attention_backend") if isinstance(cfg, dict) else None
-    else:
-        value = f.user_value("--speculative-config.attention_backend")
-    return value.upper() if isinstance(value, str) and value.lower() != "auto" else None
-
-
 def choose_speculative(f: Filler, profile: Profile, shape: ModelShape, model: ModelFacts,
                        family: Family | None, version: str | None = None,
                        prefix_hazard: UpstreamBug | None = None) -> SpecChoice:
@@ -86,10 +66,10 @@ def choose_speculative(f: Filler, profile: Profile, shape: ModelShape, model: Mo
     draft = _user_speculative(f)
     if draft is None and f.given("--speculative-config"):
         f.lines.append("kept: --speculative-config as given (draft tokens unreadable, the memory plan assumes none)")
-        return SpecChoice(0, user_given=True, user_backend=_user_backend(f))
+        return SpecChoice(0, user_given=True, user_backend=named_backend(user_speculative_config(f.user)))
     if draft is not None:
         f.lines.append(f"kept: --speculative-config as given ({draft} draft tokens)")
-        return SpecChoice(draft, user_given=True, user_backend=_user_backend(f))
+        return SpecChoice(draft, user_given=True, user_backend=named_backend(user_speculative_config(f.user)))
     want = profile.launch.get("speculative_tokens", 0)
     if not want:
         return SpecChoice(0)
@@ -118,28 +98,19 @@ def choose_speculative(f: Filler, profile: Profile, shape: ModelShape, model: Mo
                       f"count (profile {profile.name}: speeds in its source)")
 
 
-DRAFTER_WHY = ("vLLM never gives the drafter --attention-backend, and its own pick on SM75 (TRITON_ATTN) "
-               "refuses fp8 KV from 0.24")
-
-
 def fill_speculative(f: Filler, spec: SpecChoice, kv: str, version: str | None) -> int:
     """Fill the chosen speculative config, naming the drafter's attention backend where this KV
-    cache dtype needs one (policy/attention.drafter_backend_needed); a user's own config that the
-    drafter cannot start with is a failure with the fix. Returns the draft tokens."""
-    need = drafter_backend_needed(version, kv) if spec.draft else None
+    cache dtype needs one (policy/attention.drafter_backend_needed; a launch whose drafter still
+    cannot start is judged in the plan, policy/drafter.py). Returns the draft tokens."""
     if spec.config is not None:
         config, reason = dict(spec.config), spec.reason
+        need = drafter_backend_needed(version, kv)
         if need:
             config["attention_backend"] = need
             reason += f"; the drafter on our attention backend too, for {kv} KV: {DRAFTER_WHY}"
             if proof_for(MTP_FP8_KV, version, need, kv) is None:
                 reason += " (MTP with fp8 KV is not yet proven by our engine check: you asked for fp8 KV)"
         f.fill("--speculative-config", config, reason)
-    elif spec.user_given and need and spec.user_backend != need:
-        named = f"names attention_backend {spec.user_backend}" if spec.user_backend else "names no attention_backend"
-        f.failures.append(f"MTP with {kv} KV on vLLM {version}: your --speculative-config {named}, so the drafter "
-                          f"cannot start ({DRAFTER_WHY}): add \"attention_backend\":\"{need}\" to it, or use "
-                          "--kv-cache-dtype auto")
     return spec.draft
 
 

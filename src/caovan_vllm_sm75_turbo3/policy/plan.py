@@ -23,6 +23,7 @@ from .checks import CheckResult, Status, rollup, run_checks, sm75_line
 from .guards import (CacheState, EnvChange, GuardResult, arch_guard, cache_guard, ray_copy_guard, sampler_guard,
                      timeout_guard)
 from .decision import Decision
+from .drafter import drafter_failure
 from .fill_base import FilledArg, LaunchFill
 from .multinode import NodesPlan
 from .node import NodeSummary, summarise
@@ -172,11 +173,14 @@ def _off_because(settings: Settings) -> str:
             else f"mode=off ({settings.source('mode')})")
 
 
-def _fill_failures(fill: LaunchFill | None) -> tuple[str, ...]:
-    """What the profile's step says vLLM will fail on: an upstream bug, a memory plan that does not fit."""
+def _failures(decision: Decision, args: VllmArgs, fill: LaunchFill | None) -> tuple[str, ...]:
+    """What says vLLM will fail to start: the profile's step (an upstream bug, a memory plan that does
+    not fit), and a drafter that cannot serve the launch's KV dtype (the user's and filled arguments)."""
+    drafter = drafter_failure(decision.facts.versions.vllm, args, fill.args if fill else ())
     if fill is None:
-        return ()
-    return (*fill.failures, *(fill.memory.warnings if fill.memory is not None and fill.memory.fits is False else ()))
+        return (drafter,) if drafter else ()
+    memory = fill.memory.warnings if fill.memory is not None and fill.memory.fits is False else ()
+    return (*fill.failures, *memory, *((drafter,) if drafter else ()))
 
 
 def _not_given(proposed: Sequence[FilledArg], args: VllmArgs, notes: list[str]) -> list[FilledArg]:
@@ -214,7 +218,7 @@ def make_plan(decision: Decision, env: Mapping[str, str], args: VllmArgs,
         notes += [f"facts: {n}" for n in facts.notes]
     launcher_notes = [*(fill.lines if fill else ()), *(nodes.lines() if nodes else ())]
     common = dict(runtime=runtime, checks=checks, user_argv=args.argv, sm75_gpus=facts.sm75_count, nodes=nodes,
-                  failures=_fill_failures(fill))
+                  failures=_failures(decision, args, fill))
 
     def refusal_with(own: str | None) -> str | None:
         return own if refused is None else refused + (f". {own}" if own else "")
