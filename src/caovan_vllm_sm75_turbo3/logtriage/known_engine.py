@@ -196,9 +196,6 @@ ENGINE: tuple[Signature, ...] = (
         fix=("Start through `caovan-vllm-serve` with CAOVAN_MODE=auto so that the GDN kernels use our "
              "configs that fit in 64 KiB. If the kernel named here is not a GDN kernel, it needs smaller "
              "block sizes or num_stages=1 upstream: report it with this log.")),
-    # triton/language/core.py: "type fp8e4nv not supported in this architecture. The supported fp8
-    # dtypes are ..." (e4m3 needs SM89); vllm/platforms/cuda.py: "No valid attention backend found
-    # for cuda with AttentionSelectorConfig(... kv_cache_dtype=fp8 ...). Reasons: {...}".
     # vllm/v1/attention/backends/triton_attn.py (0.24-0.34): "FP8 KV cache is not supported by the Triton
     # attention backend on <GPU> (compute capability 7.5); native FP8 (fp8e4nv) requires SM89+." Raised for
     # the MTP drafter, which picks its own backend (policy/vllm_versions.py: drafter-picks-own-attention-backend).
@@ -217,6 +214,10 @@ ENGINE: tuple[Signature, ...] = (
              '\'{"method":"mtp","num_speculative_tokens":3,"attention_backend":"CUSTOM"}\'; not yet proven '
              'by our engine check), or serve fp16 KV (--kv-cache-dtype auto). `caovan-vllm-serve` fills fp16 '
              'KV beside MTP it fills, and names the drafter\'s backend when you ask for fp8.')),
+    # triton/language/core.py: "type fp8e4nv not supported in this architecture. The supported fp8
+    # dtypes are ..." (e4m3 needs SM89); vllm/platforms/cuda.py: "No valid attention backend found
+    # for cuda with AttentionSelectorConfig(... kv_cache_dtype=fp8 ...). Reasons: {...}"; the Triton
+    # attention message above, without the drafter around it.
     Signature(
         id="fp8-kv-unsupported",
         shown=('`type fp8e4nv not supported`, '
