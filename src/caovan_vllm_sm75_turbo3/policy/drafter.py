@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 from .. import safe_json
 from .attention import drafter_backend_needed
-from .fill_base import FilledArg
+from .fill_base import FilledArg, effective_value
 from .vllm_args import VllmArgs
 
 SPECULATIVE = "--speculative-config"
@@ -49,9 +49,7 @@ def drafter_failure(version: str | None, args: VllmArgs, filled: Sequence[Filled
         cfg = next((json.loads(a.value) for a in filled if a.flag == SPECULATIVE and a.value), None)
     if not isinstance(cfg, dict) or str(cfg.get("method", "")).lower() in NO_DRAFT_ATTENTION:
         return None
-    user_kv = args.value("--kv-cache-dtype")
-    kv = user_kv if isinstance(user_kv, str) else next(
-        (a.value for a in filled if a.flag == "--kv-cache-dtype" and a.value), "auto")
+    kv = effective_value(args, filled, "--kv-cache-dtype") or "auto"
     need = drafter_backend_needed(version, kv)
     named = named_backend(cfg)
     if need is None or named == need:

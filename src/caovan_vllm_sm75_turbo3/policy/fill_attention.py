@@ -8,7 +8,7 @@ from ..kernels.attention.configs import FP8_CACHE_DTYPES
 from . import vllm_versions as vv
 from .attention import OUR_BACKEND, drafter_backend_needed, fp8_kv_on_sm75, our_backend_problem, vllm_fp8_kv_on_sm75
 from .engine_proofs import MTP_FP8_KV, proof_for
-from .drafter import DRAFTER_WHY
+from .drafter import DRAFTER_WHY, named_backend, user_speculative_config
 from .fill_decode import SpecChoice
 from .fill_base import Filler
 from .turbo import TurboDecision
@@ -43,9 +43,7 @@ def fill_kv_cache_dtype(f: Filler, launch: dict[str, Any], version: str | None, 
     if isinstance(kv_given, str) and kv_given in KV_BYTES and not fp8_kv_on_sm75(version, turbo):
         f.warnings.append(f"--kv-cache-dtype {kv_given} kept as given, but vLLM {version} has no backend that "
                           "serves fp8 KV on SM75: the start will fail")
-    if isinstance(kv_given, str):
-        return kv_given
-    return str(next((a.value for a in f.args if a.flag == "--kv-cache-dtype"), "auto"))
+    return f.effective("--kv-cache-dtype") or "auto"
 
 
 def _fp8_without_mtp(f: Filler, kv: str, version: str | None, spec: SpecChoice | None) -> str | None:
@@ -53,7 +51,7 @@ def _fp8_without_mtp(f: Filler, kv: str, version: str | None, spec: SpecChoice |
     need = drafter_backend_needed(version, kv) if spec is not None and spec.draft else None
     if need is None or f.given("--kv-cache-dtype"):
         return None
-    if spec is not None and spec.user_given and spec.user_backend != need:
+    if spec is not None and spec.user_given and named_backend(user_speculative_config(f.user)) != need:
         return (f"the profile asks {kv} KV, but your --speculative-config names no attention_backend {need}: "
                 f"{DRAFTER_WHY}, so its drafter would not start: fp16 KV; add \"attention_backend\":\"{need}\" "
                 "to it to have fp8 KV")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from .memory_plan import MemoryPlan
 from .profiles import Setup
@@ -24,6 +24,14 @@ class FilledArg:
 
     def argv(self) -> list[str]:
         return [self.flag] if self.value is None else [self.flag, self.value]
+
+
+def effective_value(args: VllmArgs, filled: Sequence[FilledArg], flag: str) -> str | None:
+    """The flag's value in a launch: the user's (a value they gave), else the one filled, else None."""
+    given = args.value(flag)
+    if isinstance(given, str):
+        return given
+    return next((a.value for a in filled if a.flag == flag), None)
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,10 @@ class Filler:
 
     def user_value(self, flag: str) -> str | bool | None:
         return self.user.value(flag)
+
+    def effective(self, flag: str) -> str | None:
+        """The flag's value in this launch so far: the user's, else the one filled."""
+        return effective_value(self.user, self.args, flag)
 
     def shown(self, flag: str) -> str:
         """The user's value of `flag` as they gave it, for a `kept:` line."""

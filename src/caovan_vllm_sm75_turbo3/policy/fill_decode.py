@@ -10,7 +10,7 @@ from ..runtime.model import ModelFacts, ModelShape
 from .fill_base import COMPILATION, Filler
 from .profiles import Family, Profile
 from .attention import drafter_backend_needed
-from .drafter import DRAFTER_WHY, named_backend, user_speculative_config
+from .drafter import DRAFTER_WHY, user_speculative_config
 from .engine_proofs import MTP_FP8_KV, MTP_FULL_GRAPHS, proof_for
 from .upstream_bugs import UpstreamBug, bugs_for
 
@@ -47,14 +47,12 @@ def prefix_hazard_line(bug: UpstreamBug, version: str | None) -> str:
 class SpecChoice:
     """Speculative decoding for this launch, chosen before the KV cache dtype (whose fp8 needs a
     drafter backend with MTP): `draft` tokens; `config` and `reason` what fill_speculative adds
-    (None: the user's own config, or none); `user_backend` the attention_backend of the user's own
-    config (None where it names none or is not theirs)."""
+    (None: the user's own config, or none)."""
 
     draft: int
     config: dict[str, Any] | None = None
     reason: str = ""
     user_given: bool = False
-    user_backend: str | None = None
 
 
 def choose_speculative(f: Filler, profile: Profile, shape: ModelShape, model: ModelFacts,
@@ -66,10 +64,10 @@ def choose_speculative(f: Filler, profile: Profile, shape: ModelShape, model: Mo
     draft = _user_speculative(f)
     if draft is None and f.given("--speculative-config"):
         f.lines.append("kept: --speculative-config as given (draft tokens unreadable, the memory plan assumes none)")
-        return SpecChoice(0, user_given=True, user_backend=named_backend(user_speculative_config(f.user)))
+        return SpecChoice(0, user_given=True)
     if draft is not None:
         f.lines.append(f"kept: --speculative-config as given ({draft} draft tokens)")
-        return SpecChoice(draft, user_given=True, user_backend=named_backend(user_speculative_config(f.user)))
+        return SpecChoice(draft, user_given=True)
     want = profile.launch.get("speculative_tokens", 0)
     if not want:
         return SpecChoice(0)
@@ -114,14 +112,6 @@ def fill_speculative(f: Filler, spec: SpecChoice, kv: str, version: str | None) 
     return spec.draft
 
 
-def _effective(f: Filler, flag: str) -> str | None:
-    """The flag's value in this launch: the user's, else the one filled."""
-    given = f.user_value(flag)
-    if isinstance(given, str):
-        return given
-    return next((a.value for a in f.args if a.flag == flag), None)
-
-
 def fill_cuda_graphs(f: Filler, launch: dict[str, Any], shape: ModelShape, draft: int, seqs: int,
                      version: str | None = None) -> None:
     """CUDA graphs with MTP on hybrid models, sized for `seqs` x (1 + `draft`) tokens: FULL_AND_PIECEWISE
@@ -132,7 +122,7 @@ def fill_cuda_graphs(f: Filler, launch: dict[str, Any], shape: ModelShape, draft
     if f.user_value("--enforce-eager") is True:
         f.lines.append("cuda graphs: none (--enforce-eager given), so no compilation config is filled")
         return
-    backend, kv = _effective(f, "--attention-backend"), _effective(f, "--kv-cache-dtype")
+    backend, kv = f.effective("--attention-backend"), f.effective("--kv-cache-dtype")
     proof = proof_for(MTP_FULL_GRAPHS, version, backend, kv)
     if f.given(COMPILATION):
         raw = json.dumps(f.user.flags.get(COMPILATION, "")) + " ".join(

@@ -177,10 +177,8 @@ def _failures(decision: Decision, args: VllmArgs, fill: LaunchFill | None) -> tu
     """What says vLLM will fail to start: the profile's step (an upstream bug, a memory plan that does
     not fit), and a drafter that cannot serve the launch's KV dtype (the user's and filled arguments)."""
     drafter = drafter_failure(decision.facts.versions.vllm, args, fill.args if fill else ())
-    if fill is None:
-        return (drafter,) if drafter else ()
-    memory = fill.memory.warnings if fill.memory is not None and fill.memory.fits is False else ()
-    return (*fill.failures, *memory, *((drafter,) if drafter else ()))
+    memory = fill.memory.warnings if fill and fill.memory is not None and fill.memory.fits is False else ()
+    return (*(fill.failures if fill else ()), *memory, *((drafter,) if drafter else ()))
 
 
 def _not_given(proposed: Sequence[FilledArg], args: VllmArgs, notes: list[str]) -> list[FilledArg]:
