@@ -9,13 +9,13 @@ vllm with its filled arguments). Only this user's processes can be read, without
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 from urllib.parse import urlsplit
 
 import psutil
 
+from .. import safe_json
 from ..server_api.address import is_loopback
 
 FLAG = "--max-num-seqs"
@@ -82,8 +82,8 @@ def cudagraph_mode(cmdline: Sequence[str]) -> str | None:
             mode = "NONE"
         elif key == COMPILATION and value is not None:
             try:
-                got = json.loads(value)
-            except ValueError:
+                got = safe_json.loads(value)   # another process's text: bounded nesting
+            except ValueError:   # safe_json.BadJson is one
                 continue
             if isinstance(got, dict) and isinstance(got.get("cudagraph_mode"), str):
                 mode = got["cudagraph_mode"].upper()
