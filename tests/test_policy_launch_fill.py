@@ -453,6 +453,9 @@ def test_mtp_drafter_gets_a_backend_for_fp8_kv_or_the_profile_keeps_fp16():
     assert spec_of(asked)["attention_backend"] == "CUSTOM" and filled(asked)["--attention-backend"] == "CUSTOM"
     why = next(a.reason for a in asked.args if a.flag == "--speculative-config")
     assert "not yet proven" in why and judged(facts, asked, "--kv-cache-dtype", "fp8") is None
+    # what our check did run of that pair (data/engine_proofs.json, short of a proof) is quoted in both lines
+    assert "engine_h100_2026-12-07_vllm0.24_fp8_mtp_custom" in why and "prefix-cache hit" in why
+    assert "engine_h100_2026-12-07_vllm0.24_fp8_mtp_custom" in kv.reason
     # the user's own MTP config without a drafter backend: fp16 KV, and how to have fp8
     own = fill(facts, "--speculative-config", MTP3)
     kv = next(a for a in own.args if a.flag == "--kv-cache-dtype")
@@ -506,6 +509,26 @@ def test_a_proof_of_mtp_with_fp8_kv_lets_the_profile_fill_both(monkeypatch):
     assert spec_of(r)["attention_backend"] == "CUSTOM"
     assert "not yet proven" not in next(a.reason for a in r.args if a.flag == "--speculative-config")
     assert filled(fill(pinned_facts("0.26.0")))["--kv-cache-dtype"] == "auto"   # proven on 0.24 only
+
+
+def test_a_record_with_something_missing_never_fills_and_is_quoted_where_it_matches(monkeypatch):
+    import random
+
+    from caovan_vllm_sm75_turbo3.policy import engine_proofs as ep
+
+    missing = f"no cache hit was shown ({random.randrange(10**6)})"
+    partial = ep.Proof(ep.MTP_FP8_KV, "0.24", "CUSTOM", "fp8", "ran", "test card", "2026-12-07", "results/where", missing)
+    monkeypatch.setattr(ep, "load_proofs", lambda: (partial,))
+    assert ep.proof_for(ep.MTP_FP8_KV, "0.24.0", "CUSTOM", "fp8") is None
+    assert missing in ep.gap_for(ep.MTP_FP8_KV, "0.24.0", "custom", "fp8") and "(where)" in ep.gap_for(
+        ep.MTP_FP8_KV, "0.24.0", "CUSTOM", "fp8")
+    for other in (("0.25.0", "CUSTOM", "fp8"), ("0.24.0", "TRITON_ATTN", "fp8"), ("0.24.0", "CUSTOM", "auto")):
+        assert ep.gap_for(ep.MTP_FP8_KV, *other) == ""
+    r = fill(pinned_facts("0.24.0"))
+    assert filled(r)["--kv-cache-dtype"] == "auto"
+    assert missing in next(a.reason for a in r.args if a.flag == "--kv-cache-dtype")
+    asked = fill(pinned_facts("0.24.0"), "--kv-cache-dtype", "fp8")
+    assert missing in next(a.reason for a in asked.args if a.flag == "--speculative-config")
 
 
 @pytest.mark.parametrize("vllm", RELEASES)

@@ -1,6 +1,7 @@
 """What our in-engine check proved (data/engine_proofs.json), by vLLM release, attention backend and
 KV cache dtype: the launch profile fills a combination the field warns about only where a proof
-holds. Pure."""
+holds. A record with `missing` set is evidence short of a proof: it never holds, and the plan quotes
+what it lacks. Pure."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ class Proof:
     card: str
     date: str
     results: str             # the committed raw results
+    missing: str = ""        # what the check has not shown yet: such a record is evidence, not a proof
 
     def holds_for(self, version: str | None, backend: str | None, kv: str | None) -> bool:
         try:
@@ -43,4 +45,12 @@ def load_proofs() -> tuple[Proof, ...]:
 
 def proof_for(what: str, version: str | None, backend: str | None, kv: str | None) -> Proof | None:
     """The proof of `what` for this release, backend and KV dtype, if the engine check made one."""
-    return next((p for p in load_proofs() if p.id == what and p.holds_for(version, backend, kv)), None)
+    return next((p for p in load_proofs() if p.id == what and not p.missing and p.holds_for(version, backend, kv)),
+                None)
+
+
+def gap_for(what: str, version: str | None, backend: str | None, kv: str | None) -> str:
+    """Where the check ran `what` for this release, backend and KV dtype but fell short of a proof:
+    what it has not shown, with the date and the raw results ("" where it never ran)."""
+    partial = next((p for p in load_proofs() if p.id == what and p.missing and p.holds_for(version, backend, kv)), None)
+    return f"; it ran on {partial.date} ({partial.results.rsplit('/', 1)[-1]}) but {partial.missing}" if partial else ""

@@ -7,7 +7,7 @@ from typing import Any
 from ..kernels.attention.configs import FP8_CACHE_DTYPES
 from . import vllm_versions as vv
 from .attention import OUR_BACKEND, drafter_backend_needed, fp8_kv_on_sm75, our_backend_problem, vllm_fp8_kv_on_sm75
-from .engine_proofs import MTP_FP8_KV, proof_for
+from .engine_proofs import MTP_FP8_KV, gap_for, proof_for
 from .drafter import DRAFTER_WHY, named_backend, user_speculative_config
 from .fill_decode import SpecChoice
 from .fill_base import Filler
@@ -57,8 +57,9 @@ def _fp8_without_mtp(f: Filler, kv: str, version: str | None, spec: SpecChoice |
                 "to it to have fp8 KV")
     if proof_for(MTP_FP8_KV, version, need, kv) is None:
         return (f"the profile asks {kv} KV, but with MTP the drafter needs our backend for it ({DRAFTER_WHY}), "
-                f"and our engine check has not proved MTP with fp8 KV on vLLM {version}: fp16 KV, MTP kept "
-                f"for decode; pass --kv-cache-dtype {kv} to have fp8 (the drafter then gets our backend)")
+                f"and our engine check has not proved MTP with fp8 KV on vLLM {version}"
+                f"{gap_for(MTP_FP8_KV, version, need, kv)}: fp16 KV, MTP kept for decode; pass "
+                f"--kv-cache-dtype {kv} to have fp8 (the drafter then gets our backend)")
     return None
 
 

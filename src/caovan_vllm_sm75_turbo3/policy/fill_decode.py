@@ -11,7 +11,7 @@ from .fill_base import COMPILATION, Filler
 from .profiles import Family, Profile
 from .attention import drafter_backend_needed
 from .drafter import DRAFTER_WHY, user_speculative_config
-from .engine_proofs import MTP_FP8_KV, MTP_FULL_GRAPHS, proof_for
+from .engine_proofs import MTP_FP8_KV, MTP_FULL_GRAPHS, gap_for, proof_for
 from .upstream_bugs import UpstreamBug, bugs_for
 
 MAX_CAPTURE_TOKENS = 512
@@ -107,7 +107,8 @@ def fill_speculative(f: Filler, spec: SpecChoice, kv: str, version: str | None) 
             config["attention_backend"] = need
             reason += f"; the drafter on our attention backend too, for {kv} KV: {DRAFTER_WHY}"
             if proof_for(MTP_FP8_KV, version, need, kv) is None:
-                reason += " (MTP with fp8 KV is not yet proven by our engine check: you asked for fp8 KV)"
+                reason += (" (MTP with fp8 KV is not yet proven by our engine check"
+                           f"{gap_for(MTP_FP8_KV, version, need, kv)}: you asked for fp8 KV)")
         f.fill("--speculative-config", config, reason)
     return spec.draft
 
