@@ -130,3 +130,58 @@ def test_summary_names_each_fault(tmp_path, fault, words):
     s = compare.summarize(tmp_path, "native")
     assert any(words in p for p in s["problems"]), s["problems"]
     assert compare.main([str(tmp_path), "--shim", "native"]) == 1
+
+
+def _spec_pair(rng: random.Random, hit: int, block: int = 1600) -> tuple[dict, dict]:
+    """A run without speculation and an MTP run with the same greedy tokens, 5 prompts; the MTP run's
+    last prompt served `hit` cached tokens, its replayed drafts met acceptance 0 and 3."""
+    base = {"completions": [_run(random.Random(i), [rng.randrange(1000) for _ in range(8)]) for i in range(5)],
+            "kv_capacity": {"block_size": block - 32}}
+    spec = json.loads(json.dumps(base))
+    spec["kv_capacity"] = {"block_size": block}
+    spec["completions"][4]["num_cached_tokens"] = hit
+    spec["replay_completions"] = json.loads(json.dumps(base["completions"]))
+    spec["replay_greedy_seen"] = {"hook": {"not_as_planned": 0, "accepted_histogram": [5, 0, 0, 3]}, "vllm": {}}
+    return spec, base
+
+
+def test_an_exact_mtp_run_has_no_problem_and_one_without_a_hit_names_the_block_it_needed():
+    rng = random.Random()
+    spec, base = _spec_pair(rng, hit=1600)
+    assert compare.judge_speculative(spec, base)["problems"] == []
+    block = rng.choice([784, 800, 1568, 1600])
+    spec, base = _spec_pair(rng, hit=0, block=block)
+    problems = compare.judge_speculative(spec, base)["problems"]
+    assert len(problems) == 1 and "no repeated prefix was served" in problems[0]
+    assert f"blocks of {block} tokens" in problems[0] and f"shorter than {2 * block} tokens" in problems[0]
+    del spec["kv_capacity"]   # a run from before kv_capacity was recorded: the plain line
+    assert compare.judge_speculative(spec, base)["problems"] == [
+        "with MTP no repeated prefix was served from the prefix cache"]
+
+
+def test_replayed_steps_off_plan_beyond_the_parted_prompts_and_fixed_acceptance_are_problems():
+    rng = random.Random()
+    spec, base = _spec_pair(rng, hit=800)
+    spec["replay_greedy_seen"]["hook"]["not_as_planned"] = 1   # no prompt parted: one step too many
+    assert any("1 replayed steps not accepted as planned" in p for p in compare.judge_speculative(spec, base)["problems"])
+    spec, base = _spec_pair(rng, hit=800)
+    spec["replay_greedy_seen"]["hook"]["accepted_histogram"] = [0, 0, 0, 9]
+    assert any("did not meet changing acceptance" in p for p in compare.judge_speculative(spec, base)["problems"])
+
+
+def test_a_run_stopped_before_its_end_is_a_problem_whatever_it_saved(tmp_path):
+    rng = random.Random()
+    spec, base = _spec_pair(rng, hit=1600)
+    stages = rng.sample(["greedy", "speed", "speculative", "long_context_131072"], k=rng.randint(1, 3))
+    base.update(finished=False, stages=stages)
+    (tmp_path / "sm75-on-custom-fp8.json").write_text(json.dumps(base))
+    (tmp_path / "sm75-on-custom-fp8-mtp.json").write_text(json.dumps(dict(spec, finished=True, stages=["end"])))
+    problems = compare.spec_summary(tmp_path, "sm75")["problems"]
+    assert problems == [f"run on-custom-fp8 stopped before its end (stages saved: {', '.join(stages)}; see its log)"]
+    comps = _completions(rng, cached=1024)
+    _write(tmp_path, "on", 6, 6, [3] * 6, comps)
+    _write(tmp_path, "off", 6, 0, [], comps)
+    off = json.loads((tmp_path / "native-off.json").read_text())
+    (tmp_path / "native-off.json").write_text(json.dumps(dict(off, finished=False, stages=["greedy"])))
+    assert compare.summarize(tmp_path, "native")["problems"] == [
+        "run off stopped before its end (stages saved: greedy; see its log)"]

@@ -200,3 +200,30 @@ def test_run_device_names_every_mode_it_runs_and_refuses_an_unknown_one(tmp_path
                                       text=True, timeout=30).stdout
     proc = subprocess.run(["bash", "-c", body + "\nmode_args sideways"], capture_output=True, text=True, timeout=30)
     assert proc.returncode != 0 and "unknown mode 'sideways'" in proc.stderr
+
+
+def test_each_save_leaves_a_whole_json_of_the_stages_so_far_and_no_part_file(tmp_path):
+    out = tmp_path / "sm75-off-profile.json"
+    result = {"completions": [random.random() for _ in range(random.randint(1, 9))]}
+    engine_check.save(out, result, "greedy")
+    first = json.loads(out.read_text())
+    assert first["stages"] == ["greedy"] and first["finished"] is False and first["completions"] == result["completions"]
+    result["speed"] = {"decode_1024": {"tok_s": random.uniform(1, 1e3)}}
+    engine_check.save(out, result, "end", finished=True)
+    last = json.loads(out.read_text())
+    assert last["stages"] == ["greedy", "end"] and last["finished"] is True and last["speed"] == result["speed"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [out.name]
+
+
+@pytest.mark.parametrize("block", [784, 800, 1568, 1600])
+def test_the_whole_long_prompt_repeated_keeps_a_hit_after_mtp_gives_one_block_back(block):
+    """The hybrid's attention block sizes seen on the 8-layer stand-in (fp16/fp8 KV, with and without
+    MTP): the first prompt holds two whole blocks, and every prompt fits the CPU's default length."""
+    prompts = engine_check.greedy_prompts((10, 1000))
+    long, repeat = prompts[0], prompts[4]
+    assert repeat[:len(long)] == long and len(repeat) > len(long)
+    cached = (len(long) // block) * block               # whole blocks the first prompt leaves cached
+    assert min(cached, (len(repeat) - 1) // block * block) - block >= block   # after MTP's one-block drop
+    assert prompts[2][:engine_check.SHARED_PREFIX] == long[:engine_check.SHARED_PREFIX]
+    assert len(long) > engine_check.CHUNK   # chunked
+    assert max(map(len, prompts)) + engine_check.GEN_TOKENS <= engine_check.CPU_MODEL_LEN

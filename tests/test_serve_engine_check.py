@@ -30,7 +30,7 @@ RUN_LIMIT_S = 420
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("engine")
-    model = write_qwen3_next(root / "hybrid")
+    model = write_qwen3_next(root / "hybrid", max_positions=engine_check.CPU_MODEL_LEN)
     out = root / "out"
     out.mkdir()
     modes = {"off": (["--device", "cpu"], {"VLLM_PLUGINS": "no-plugin-of-that-name"}),
@@ -38,7 +38,9 @@ def runs(tmp_path_factory) -> dict:
              # vLLM 0.27's CPU build copies GDN states with a Triton kernel when speculation meets
              # prefix caching on a hybrid model; without Triton there, that pair cannot run.
              "on-ngram": (["--device", "cpu", "--ngram", "--no-prefix-caching"], {}),
-             "on-long": (["--device", "cpu", "--long-context", "3584", "2560", "--chunk", "1024", "--profile"], {})}
+             "on-long": (["--device", "cpu", "--long-context", "3584", "2560", "--chunk", "1024", "--profile"], {}),
+             "on-profile-only": (["--device", "cpu", "--speed", "--profile-only", "--prefill-speed", "1024",
+                                  "--long-context", "2560", "--chunk", "1024"], {})}
     logs = {}
     for name, (args, extra) in modes.items():
         env = lane_env(root / f"home-{name}", CAOVAN_FACTS=str(ENGINE / "facts-sm75-proxy.json"), **extra)
@@ -129,3 +131,20 @@ def test_the_profile_rows_hold_each_row_with_its_tables_and_the_weights(runs):
         assert 0 < row["wall_s"] < 600
     assert {"matrix", "lm_head", "embedding"} <= set(run["weights"])
     assert all(w["elements"] > 0 and w["bytes"] >= w["elements"] for w in run["weights"].values())
+
+
+def test_every_run_saved_each_stage_and_finished(runs):
+    for name in ("off", "on", "on-ngram", "on-long", "on-profile-only"):
+        run = _load(runs, name)
+        assert run["finished"] is True and run["stages"][0] == "greedy" and run["stages"][-1] == "end", name
+    assert _load(runs, "on-long")["stages"] == ["greedy", "long_context_3584", "long_context_2560", "end"]
+
+
+def test_profile_only_profiles_each_row_asked_and_times_none_apart(runs):
+    """--profile-only (for a start too slow to leave room for timed rows too): the profiled rows of
+    --prefill-speed, decode and each --long-context, without the timed speed and long-context rows."""
+    run = _load(runs, "on-profile-only")
+    assert set(run["profile"]) == {"prefill_1024", "decode_1024", "late_chunk_2560", "decode_at_2560"}
+    assert "speed" not in run and "long_context" not in run and "sweep_reference" not in run
+    assert run["stages"] == ["greedy", "end"]
+    assert all(row["gpu_us"] > 0 and row["launches"] > 0 for row in run["profile"].values())

@@ -115,6 +115,14 @@ def speed_rows(on: dict[str, Any], off: dict[str, Any]) -> dict[str, Any]:
             for name, (v, spread) in mine.items() if peer.get(name) and peer[name][0]}
 
 
+def unfinished(name: str, run: dict[str, Any] | None) -> list[str]:
+    """A problem for a run that was stopped before its end (engine_check.py saves after each stage;
+    results from before that have no "finished" and count as whole)."""
+    if run is None or run.get("finished", True):
+        return []
+    return [f"run {name} stopped before its end (stages saved: {', '.join(run.get('stages') or ['none'])}; see its log)"]
+
+
 def summarize(outdir: Path, shim: str, on_name: str = "on", off_name: str = "off", tag: str = "") -> dict[str, Any]:
     """The summary of one run_device.sh call: run `on_name` against `off_name` (and n-gram against
     plain greedy); `problems` is empty when everything held. Where the second run has the plugin
@@ -127,6 +135,7 @@ def summarize(outdir: Path, shim: str, on_name: str = "on", off_name: str = "off
     problems: list[str] = []
     summary: dict[str, Any] = {"shim": shim, "on": on_name, "off": off_name,
                                "runs": {k: v is not None for k, v in ((on_name, on), (off_name, off), ("on-ngram", ngram))}}
+    problems += unfinished(on_name, on) + unfinished(off_name, off)
     if on is None or off is None:
         problems.append(f"run {on_name if on is None else off_name} wrote no result (see its log)")
     else:
@@ -176,7 +185,10 @@ def judge_speculative(spec: dict[str, Any], base: dict[str, Any]) -> dict[str, A
     if not out["greedy"]["all_explained"]:
         problems.append("MTP greedy parts from plain greedy at a step the margins do not explain")
     if not any(hits):
-        problems.append("with MTP no repeated prefix was served from the prefix cache")
+        block = (spec.get("kv_capacity") or {}).get("block_size")
+        problems.append("with MTP no repeated prefix was served from the prefix cache"
+                        + (f" (blocks of {block} tokens: MTP's lookup gives one block of every hit back, so a "
+                           f"repeat shorter than {2 * block} tokens keeps none)" if block else ""))
     if "replay_completions" in spec:
         out["replay"] = compare_runs({"completions": spec["replay_completions"]}, base)
         seen = spec["replay_greedy_seen"]["hook"]
@@ -227,6 +239,7 @@ def spec_summary(outdir: Path, shim: str) -> dict[str, Any]:
     judged: dict[str, Any] = {}
     problems: list[str] = []
     for name, run in runs.items():
+        problems += unfinished(name, run)
         if "-mtp" not in name:
             continue
         base = name.replace("-mtp", "", 1).replace("-unfixed", "", 1)

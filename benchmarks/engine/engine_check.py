@@ -48,9 +48,11 @@ import replay  # noqa: E402
 # A prompt longer than --max-num-batched-tokens (later chunks start from a GDN state), a short
 # one, and one that repeats the long one's first 2048 tokens (a prefix-cache hit).
 CHUNK = 2048
-PROMPTS = (3000, 700)
+PROMPTS = (4000, 700)   # 4000: two whole blocks even at fp8 with MTP (1600-token hybrid blocks), so
+# the repeat of the whole prompt keeps a hit after MTP's lookup gives one block back
 SHARED_PREFIX = 2048
 GEN_TOKENS = 32
+CPU_MODEL_LEN = 8192   # --max-model-len's default on the CPU: the longest greedy prompt and its tokens fit
 SPEED_PREFILL = (8192, 32768)
 DECODE_TOKENS = 256
 SWEEP_PROMPT = 1024   # the decode sweep's prompt (seeded: every run draws the same one)
@@ -508,6 +510,16 @@ def kv_capacity(llm: Any) -> dict[str, Any]:
             "kv_cache_dtype": str(cache.cache_dtype)}
 
 
+def save(out: Path, result: dict[str, Any], stage: str, finished: bool = False) -> None:
+    """Write the result so far, whole or not at all (a temporary file renamed over it): a run stopped at
+    its deadline still leaves every stage it finished, and `finished` says whether it got to the end."""
+    result.setdefault("stages", []).append(stage)
+    result["finished"] = finished
+    part = out.with_name(out.name + ".part")
+    part.write_text(json.dumps(result, indent=1))
+    part.replace(out)
+
+
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """LLM(...) arguments: chunked prefill at --chunk, prefix caching, and on the GPU the attention
     backend asked for with PIECEWISE CUDA graphs."""
@@ -571,7 +583,8 @@ def main(argv: list[str] | None = None) -> int:
                              "with speculation on a hybrid model: a Triton kernel copies the GDN states)")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     parser.add_argument("--chunk", type=int, default=CHUNK, help="--max-num-batched-tokens (default 2048)")
-    parser.add_argument("--max-model-len", type=int, default=0, help="default 40960 on the GPU, 4096 on the CPU")
+    parser.add_argument("--max-model-len", type=int, default=0,
+                        help=f"default 40960 on the GPU, {CPU_MODEL_LEN} on the CPU")
     parser.add_argument("--kv-cache-dtype", default="auto", help="auto, fp8 (e4m3) or fp8_e5m2")
     parser.add_argument("--attention-backend", default=None,
                         help="vLLM's attention backend (default on the GPU: TRITON_ATTN; CUSTOM is ours, 0.24+)")
@@ -582,10 +595,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true",
                         help="run each row once more under torch's profiler: per-kernel GPU time (kernel_profile.py); "
                              "prefill rows with --speed")
+    parser.add_argument("--profile-only", action="store_true",
+                        help="the profiled rows alone (prefill at --prefill-speed, decode, each --long-context), "
+                             "none of them timed apart: for a start too slow to leave room for both")
     parser.add_argument("--repeats", type=int, default=REPEATS, help=f"timed repeats of each speed row (default {REPEATS})")
     args = parser.parse_args(argv)
     if not args.max_model_len:
-        args.max_model_len = max([4096 if args.device == "cpu" else 40960,
+        args.max_model_len = max([CPU_MODEL_LEN if args.device == "cpu" else 40960,
                                   *(n + DECODE_TOKENS + 64 for n in args.long_context)])
     args.weights = args.weights or ("dummy" if args.device == "cpu" else "scaled")
     if args.tensor_parallel_size > 1 and args.reference:
@@ -635,24 +651,31 @@ def main(argv: list[str] | None = None) -> int:
     if args.spec != "none":
         result["spec"] = {"method": args.spec, "draft_tokens": args.draft_tokens, "greedy_seen": seen}
         progress(f"MTP greedy: {seen['hook']['tokens_per_step'] or 0:.2f} tokens a step (vLLM: {seen['vllm']})")
-    if args.speed:
+    if shim is not None:
+        result["sm75_ptx_kernels"] = shim["kernels"]
+    out = Path(args.out)
+    save(out, result, "greedy")
+    timed_rows = not args.profile_only
+    if args.speed and timed_rows:
         result["speed"], seen = counted(llm, hook, lambda: speed(llm, random.Random(2), ids, args.repeats,
                                                                  tuple(args.prefill_speed)))
         if args.spec != "none":
             result["spec"]["speed_seen"] = seen
         result["sweep_reference"] = sweep_reference(llm, ids)
-    if args.spec != "none" and args.reference:
+        save(out, result, "speed")
+    if args.spec != "none" and args.reference and timed_rows:
         speculative(llm, hook, args, ids, result)
-    if args.long_context:
-        result["long_context"] = [long_context(llm, random.Random(3 + i), ids, n, args.chunk, args.repeats)
-                                  for i, n in enumerate(args.long_context)]
-    if args.profile:
+        save(out, result, "speculative")
+    if args.long_context and timed_rows:
+        result["long_context"] = []
+        for i, n in enumerate(args.long_context):
+            result["long_context"].append(long_context(llm, random.Random(3 + i), ids, n, args.chunk, args.repeats))
+            save(out, result, f"long_context_{n}")
+    if args.profile or args.profile_only:
         result["weights"] = llm.apply_model(weight_census)[0]
-        result["profile"] = profile_rows(llm, random.Random(5), ids, tuple(args.prefill_speed) if args.speed else (),
-                                         args.long_context, args.chunk)
-    if shim is not None:
-        result["sm75_ptx_kernels"] = shim["kernels"]
-    Path(args.out).write_text(json.dumps(result, indent=1))
+        prefill = tuple(args.prefill_speed) if args.speed or args.profile_only else ()
+        result["profile"] = profile_rows(llm, random.Random(5), ids, prefill, args.long_context, args.chunk)
+    save(out, result, "end", finished=True)
     progress(f"wrote {args.out}")
     return 0
 

@@ -67,11 +67,11 @@ def write_qwen3(directory: Path, *, layers: int = 2, kv_heads: int = 1, max_posi
     return directory
 
 
-def write_qwen3_next(directory: Path) -> Path:
+def write_qwen3_next(directory: Path, *, max_positions: int = 4096) -> Path:
     """A hybrid GDN model (Qwen3-Next: 3 Gated DeltaNet layers, 1 full attention, a small MoE) that
     vLLM's CPU build serves in bfloat16 with a float32 SSM state cache (`--mamba-ssm-cache-dtype
     float32`). Qwen3.5/3.6 (`qwen3_5`) cannot even be inspected there: its module imports torchvision."""
-    write_qwen3(directory)
+    write_qwen3(directory, max_positions=max_positions)
     config = json.loads((directory / "config.json").read_text())
     config.update({
         "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "num_hidden_layers": 4,
