@@ -43,14 +43,19 @@ def load_proofs() -> tuple[Proof, ...]:
     return tuple(Proof(**p) for p in data["proofs"])
 
 
+def _record(what: str, version: str | None, backend: str | None, kv: str | None, whole: bool) -> Proof | None:
+    """The record of `what` for this release, backend and KV dtype: a whole proof, or one with `missing`."""
+    return next((p for p in load_proofs()
+                 if p.id == what and (not p.missing) == whole and p.holds_for(version, backend, kv)), None)
+
+
 def proof_for(what: str, version: str | None, backend: str | None, kv: str | None) -> Proof | None:
     """The proof of `what` for this release, backend and KV dtype, if the engine check made one."""
-    return next((p for p in load_proofs() if p.id == what and not p.missing and p.holds_for(version, backend, kv)),
-                None)
+    return _record(what, version, backend, kv, whole=True)
 
 
 def gap_for(what: str, version: str | None, backend: str | None, kv: str | None) -> str:
     """Where the check ran `what` for this release, backend and KV dtype but fell short of a proof:
     what it has not shown, with the date and the raw results ("" where it never ran)."""
-    partial = next((p for p in load_proofs() if p.id == what and p.missing and p.holds_for(version, backend, kv)), None)
+    partial = _record(what, version, backend, kv, whole=False)
     return f"; it ran on {partial.date} ({partial.results.rsplit('/', 1)[-1]}) but {partial.missing}" if partial else ""
