@@ -185,3 +185,29 @@ def test_a_run_stopped_before_its_end_is_a_problem_whatever_it_saved(tmp_path):
     (tmp_path / "native-off.json").write_text(json.dumps(dict(off, finished=False, stages=["greedy"])))
     assert compare.summarize(tmp_path, "native")["problems"] == [
         "run off stopped before its end (stages saved: greedy; see its log)"]
+
+
+def _graph_run(mode: str, decode: float, sweep: list[float]) -> dict:
+    return {"cudagraph_mode": mode, "finished": True, "speed": {"decode_1024": {"tok_s": decode}},
+            "acceptance_sweep": [{"accept": k, "decode": {"tok_s": v}} for k, v in enumerate(sweep)]}
+
+
+@pytest.mark.parametrize("twin_tag", ["", "-pw"])
+def test_full_runs_are_set_against_their_piecewise_twin_never_a_copy_of_themselves(tmp_path, twin_tag):
+    """`X-full` against `X` or `X-pw`, whichever ran PIECEWISE: a -pw file that is a FULL run's copy
+    (the replay reference of a PIECEWISE MTP run in the same call) is never its twin."""
+    rng = random.Random()
+    pw = [rng.uniform(50, 300) for _ in range(4)]
+    full = [v * rng.uniform(1.0, 1.6) for v in pw]
+    dec_pw, dec_full = rng.uniform(50, 300), rng.uniform(50, 300)
+    runs = {"on-custom-fp8-full": _graph_run("FULL_AND_PIECEWISE", rng.uniform(200, 400), []),
+            "on-custom-fp8-pw": _graph_run("FULL_AND_PIECEWISE", rng.uniform(200, 400), []),   # the copy
+            "on-custom-full": _graph_run("CUDAGraphMode.FULL_AND_PIECEWISE", dec_full, full),
+            f"on-custom{twin_tag}": _graph_run("CUDAGraphMode.PIECEWISE", dec_pw, pw)}
+    for name, run in runs.items():
+        (tmp_path / f"sm75-{name}.json").write_text(json.dumps(run))
+    ratios = compare.spec_summary(tmp_path, "sm75")["full_over_piecewise"]
+    assert sorted(ratios) == ["on-custom"]   # the FULL copy is no twin of on-custom-fp8-full
+    got = ratios["on-custom"]
+    assert math.isclose(got["decode_1024"]["ratio"], dec_full / dec_pw)
+    assert [math.isclose(got[f"accept_{k}"]["ratio"], full[k] / pw[k]) for k in range(4)] == [True] * 4

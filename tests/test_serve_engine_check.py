@@ -137,7 +137,10 @@ def test_every_run_saved_each_stage_and_finished(runs):
     for name in ("off", "on", "on-ngram", "on-long", "on-profile-only"):
         run = _load(runs, name)
         assert run["finished"] is True and run["stages"][0] == "greedy" and run["stages"][-1] == "end", name
-    assert _load(runs, "on-long")["stages"] == ["greedy", "long_context_3584", "long_context_2560", "end"]
+    # each profiled row is saved as it ends, so a run stopped mid-profile keeps the rows it finished
+    rows = ("decode_1024", "late_chunk_3584", "decode_at_3584", "late_chunk_2560", "decode_at_2560")
+    assert _load(runs, "on-long")["stages"] == ["greedy", "long_context_3584", "long_context_2560",
+                                                *(f"profile_{r}" for r in rows), "end"]
 
 
 def test_profile_only_profiles_each_row_asked_and_times_none_apart(runs):
@@ -146,5 +149,6 @@ def test_profile_only_profiles_each_row_asked_and_times_none_apart(runs):
     run = _load(runs, "on-profile-only")
     assert set(run["profile"]) == {"prefill_1024", "decode_1024", "late_chunk_2560", "decode_at_2560"}
     assert "speed" not in run and "long_context" not in run and "sweep_reference" not in run
-    assert run["stages"] == ["greedy", "end"]
+    assert run["stages"] == ["greedy", "profile_prefill_1024", "profile_decode_1024", "profile_late_chunk_2560",
+                             "profile_decode_at_2560", "end"]
     assert all(row["gpu_us"] > 0 and row["launches"] > 0 for row in run["profile"].values())

@@ -232,9 +232,19 @@ def graph_ratios(piecewise: dict[str, Any], full: dict[str, Any]) -> dict[str, A
     return out
 
 
+def piecewise_twin(base: str, runs: dict[str, Any]) -> str | None:
+    """The PIECEWISE run beside `<base>-full`: `<base>` or `<base>-pw` (TAG -pw), whichever ran
+    PIECEWISE (a -pw file may be a FULL run's copy, there only as a reference for replayed drafts)."""
+    for name in (base, base + "-pw"):
+        if name in runs and str(runs[name].get("cudagraph_mode", "")).rsplit(".", 1)[-1] == "PIECEWISE":
+            return name
+    return None
+
+
 def spec_summary(outdir: Path, shim: str) -> dict[str, Any]:
     """Every `<shim>-<mode>-mtp<tag>.json` of a call judged against `<shim>-<mode><tag>.json`, and
-    each run with TAG -full against the same run without it (CUDA graph modes)."""
+    each run with TAG -full against the same run PIECEWISE, without a tag or with -pw (CUDA graph
+    modes)."""
     runs = {p.stem[len(shim) + 1:]: json.loads(p.read_text()) for p in sorted(outdir.glob(f"{shim}-*.json"))}
     judged: dict[str, Any] = {}
     problems: list[str] = []
@@ -248,8 +258,9 @@ def spec_summary(outdir: Path, shim: str) -> dict[str, Any]:
             continue
         judged[name] = judge_speculative(run, runs[base])
         problems += [f"{name}: {p}" for p in judged[name]["problems"]]
-    ratios = {name[:-len("-full")]: graph_ratios(runs[name[:-len("-full")]], run)
-              for name, run in runs.items() if name.endswith("-full") and name[:-len("-full")] in runs}
+    ratios = {base: graph_ratios(runs[twin], run) for name, run in runs.items()
+              if name.endswith("-full") for base in [name[:-len("-full")]]
+              for twin in [piecewise_twin(base, runs)] if twin}
     return {"shim": shim, "runs": sorted(runs), "speculative": judged, "full_over_piecewise": ratios,
             "cudagraph_modes": {n: r.get("cudagraph_mode") for n, r in runs.items()}, "problems": problems}
 

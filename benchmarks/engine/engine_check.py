@@ -39,7 +39,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import kernel_profile  # noqa: E402
@@ -347,11 +347,11 @@ def long_context(llm: Any, rng: random.Random, ids: tuple[int, int], n: int, chu
 
 
 def profile_rows(llm: Any, rng: random.Random, ids: tuple[int, int], prefill: tuple[int, ...],
-                 long: list[int], chunk: int) -> dict[str, Any]:
-    """Each engine row once under torch's profiler (kernel_profile.py): fresh prefills, decode at
-    1024 and at each long depth, and each long prompt's last chunk after its cached head."""
+                 long: list[int], chunk: int, rows: dict[str, Any], saved: Callable[[str], None]) -> None:
+    """Each engine row once under torch's profiler (kernel_profile.py) into `rows`: fresh prefills,
+    decode at 1024 and at each long depth, and each long prompt's last chunk after its cached head.
+    `saved(name)` after each row, so a run stopped at its deadline keeps the rows it finished."""
     one, many = one_and_many()
-    rows: dict[str, Any] = {}
 
     def decode_row(prompt: list[int]) -> dict[str, Any]:
         timed(llm, [prompt], one)                       # cached from here on
@@ -359,22 +359,24 @@ def profile_rows(llm: Any, rng: random.Random, ids: tuple[int, int], prefill: tu
         more, tn = kernel_profile.profiled(lambda: timed(llm, [prompt], many))
         return kernel_profile.row(kernel_profile.difference(more, less), DECODE_TOKENS, tn - t1)
 
+    def done(name: str, row: dict[str, Any]) -> None:
+        rows[name] = row
+        progress(f"profiled {name}: {row['gpu_us'] / 1e3:,.2f} ms on the GPU in {row['launches']} launches, "
+                 f"{row['wall_s'] * 1e3:,.1f} ms wall")
+        saved(f"profile_{name}")
+
     for n in prefill:
         prompt = random_prompt(rng, n, ids)
         kernels, wall = kernel_profile.profiled(lambda: timed(llm, [prompt], one))
-        rows[f"prefill_{n}"] = kernel_profile.row(kernels, n, wall)
-    rows["decode_1024"] = decode_row(random_prompt(rng, 1024, ids))
+        done(f"prefill_{n}", kernel_profile.row(kernels, n, wall))
+    done("decode_1024", decode_row(random_prompt(rng, 1024, ids)))
     for n in long:
         head = random_prompt(rng, n - chunk, ids)
         timed(llm, [head], one)
         prompt = head + random_prompt(rng, chunk, ids)
         kernels, wall = kernel_profile.profiled(lambda: timed(llm, [prompt], one))
-        rows[f"late_chunk_{n}"] = kernel_profile.row(kernels, chunk, wall)
-        rows[f"decode_at_{n}"] = decode_row(prompt)
-    for name, r in rows.items():
-        progress(f"profiled {name}: {r['gpu_us'] / 1e3:,.2f} ms on the GPU in {r['launches']} launches, "
-                 f"{r['wall_s'] * 1e3:,.1f} ms wall")
-    return rows
+        done(f"late_chunk_{n}", kernel_profile.row(kernels, chunk, wall))
+        done(f"decode_at_{n}", decode_row(prompt))
 
 
 def spec_counters(llm: Any) -> dict[str, int]:
@@ -674,7 +676,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile or args.profile_only:
         result["weights"] = llm.apply_model(weight_census)[0]
         prefill = tuple(args.prefill_speed) if args.speed or args.profile_only else ()
-        result["profile"] = profile_rows(llm, random.Random(5), ids, prefill, args.long_context, args.chunk)
+        result["profile"] = {}
+        profile_rows(llm, random.Random(5), ids, prefill, args.long_context, args.chunk, result["profile"],
+                     lambda stage: save(out, result, stage))
     save(out, result, "end", finished=True)
     progress(f"wrote {args.out}")
     return 0
