@@ -400,14 +400,18 @@ def test_a_proven_fix_lets_the_profile_fill_both_and_says_so(monkeypatch):
 
 
 def test_full_graphs_with_mtp_only_where_the_engine_check_proved_them():
-    """data/engine_proofs.json: vLLM 0.24, our attention backend, fp16 (auto) KV. Elsewhere PIECEWISE,
-    with the reason; a user's FULL request is warned about only where no proof holds."""
+    """data/engine_proofs.json: vLLM 0.24, our attention backend with fp16 (auto) and fp8 KV, and
+    TRITON_ATTN with fp16. Elsewhere PIECEWISE, with the reason; a user's FULL request is warned about
+    only where no proof holds."""
     from caovan_vllm_sm75_turbo3.policy.engine_proofs import MTP_FULL_GRAPHS, load_proofs, proof_for
 
-    proof = next(p for p in load_proofs() if p.id == MTP_FULL_GRAPHS)
-    assert (ROOT_DIR / proof.results).is_dir()   # the raw results it rests on are committed
+    proofs = [p for p in load_proofs() if p.id == MTP_FULL_GRAPHS]
+    assert all((ROOT_DIR / p.results).is_dir() for p in proofs)   # the raw results they rest on are committed
+    proof, fp8 = (next(p for p in proofs if p.attention_backend == "CUSTOM" and p.kv_cache_dtype == kv)
+                  for kv in ("auto", "fp8"))
     assert proof_for(MTP_FULL_GRAPHS, "0.24.0", "CUSTOM", None) == proof
-    assert proof_for(MTP_FULL_GRAPHS, "0.24.0", "CUSTOM", "fp8") is None
+    assert proof_for(MTP_FULL_GRAPHS, "0.24.0", "CUSTOM", "fp8") == fp8
+    assert proof_for(MTP_FULL_GRAPHS, "0.24.0", "CUSTOM", "fp8_e5m2") is None
     assert proof_for(MTP_FULL_GRAPHS, "0.21.0", "CUSTOM", None) is None
     assert proof_for(MTP_FULL_GRAPHS, "0.24.1", "custom", "auto") == proof
 
@@ -418,11 +422,13 @@ def test_full_graphs_with_mtp_only_where_the_engine_check_proved_them():
 
     got, why = mode("0.24.0", "--kv-cache-dtype", "auto", "--attention-backend", "CUSTOM")
     assert got == "FULL_AND_PIECEWISE" and "proved exact" in why and proof.results in why
-    got, why = mode("0.24.0")   # beside MTP the profile's KV is fp16 on TRITON_ATTN: proved too
-    triton = next(p for p in load_proofs() if p.id == MTP_FULL_GRAPHS and p.attention_backend == "TRITON_ATTN")
-    assert got == "FULL_AND_PIECEWISE" and triton.results in why and (ROOT_DIR / triton.results).is_dir()
-    got, why = mode("0.24.0", "--kv-cache-dtype", "fp8")   # fp8 KV asked for: not proved
-    assert got == "PIECEWISE" and "has not proved" in why and "KV fp8" in why
+    got, why = mode("0.24.0")   # the profile's fp8 KV beside MTP, on our backend: proved too
+    assert got == "FULL_AND_PIECEWISE" and fp8.results in why
+    got, why = mode("0.24.0", "--attention-backend", "TRITON_ATTN")   # fp16 KV on TRITON_ATTN: proved
+    triton = next(p for p in proofs if p.attention_backend == "TRITON_ATTN")
+    assert got == "FULL_AND_PIECEWISE" and triton.results in why
+    got, why = mode("0.24.0", "--kv-cache-dtype", "fp8_e5m2")   # e5m2 KV asked for: not proved
+    assert got == "PIECEWISE" and "has not proved" in why and "KV fp8_e5m2" in why
     assert mode("0.21.0")[0] == "PIECEWISE"
     warned = fill(pinned_facts("0.21.0"), "--compilation-config", '{"cudagraph_mode":"FULL_AND_PIECEWISE"}')
     assert any("FULL CUDA graphs with MTP" in w for w in warned.warnings)
@@ -441,21 +447,28 @@ def spec_of(r) -> dict | None:
 
 
 def test_mtp_drafter_gets_a_backend_for_fp8_kv_or_the_profile_keeps_fp16():
-    """vLLM 0.24.0 in our engine check: MTP with fp8 KV stopped at start, the drafter on TRITON_ATTN
-    (it never takes --attention-backend). Each way a user can arrive there."""
+    """vLLM 0.24.0 in our engine check: MTP with fp8 KV stopped at start with the drafter on TRITON_ATTN
+    (it never takes --attention-backend), and was proved exact, a prefix-cache hit among the prompts,
+    with the drafter on ours (data/engine_proofs.json). Each way a user can arrive there."""
     facts = pinned_facts("0.24.0")
     default = fill(facts)
-    kv = next(a for a in default.args if a.flag == "--kv-cache-dtype")
-    assert kv.value == "auto" and "drafter" in kv.reason and "has not proved" in kv.reason
-    assert "attention_backend" not in spec_of(default) and default.failures == ()
-    # fp8 asked for: MTP is filled with the drafter on our backend, said to be unproven
-    asked = fill(facts, "--kv-cache-dtype", "fp8")
+    assert filled(default)["--kv-cache-dtype"] == "fp8" and filled(default)["--attention-backend"] == "CUSTOM"
+    why = next(a.reason for a in default.args if a.flag == "--speculative-config")
+    assert spec_of(default)["attention_backend"] == "CUSTOM" and "not yet proven" not in why
+    assert default.failures == () and judged(facts, default) is None
+    # where the proof does not reach (e5m2 KV asked for): the drafter on our backend, said to be unproven
+    asked = fill(facts, "--kv-cache-dtype", "fp8_e5m2")
     assert spec_of(asked)["attention_backend"] == "CUSTOM" and filled(asked)["--attention-backend"] == "CUSTOM"
     why = next(a.reason for a in asked.args if a.flag == "--speculative-config")
-    assert "not yet proven" in why and judged(facts, asked, "--kv-cache-dtype", "fp8") is None
-    # what our check did run of that pair (data/engine_proofs.json, short of a proof) is quoted in both lines
-    assert "engine_h100_2026-12-07_vllm0.24_fp8_mtp_custom" in why and "prefix-cache hit" in why
-    assert "engine_h100_2026-12-07_vllm0.24_fp8_mtp_custom" in kv.reason
+    assert "not yet proven" in why and judged(facts, asked, "--kv-cache-dtype", "fp8_e5m2") is None
+    # a backend the user named that refuses fp8 on SM75: fp16 KV, their backend kept, MTP's drafter unnamed
+    triton = fill(facts, "--attention-backend", "TRITON_ATTN")
+    kv = next(a for a in triton.args if a.flag == "--kv-cache-dtype")
+    assert kv.value == "auto" and "TRITON_ATTN (kept as given)" in kv.reason and "--attention-backend CUSTOM" in kv.reason
+    assert "--attention-backend" not in filled(triton) and "attention_backend" not in spec_of(triton)
+    both = ("--attention-backend", "triton_attn", "--kv-cache-dtype", "fp8")   # both given: kept, and warned
+    assert [w for w in fill(facts, *both).warnings if "the start will fail" in w and "triton_attn" in w]
+    assert not [w for w in fill(pinned_facts("0.23.0"), *both).warnings if "the start will fail" in w]
     # the user's own MTP config without a drafter backend: fp16 KV, and how to have fp8
     own = fill(facts, "--speculative-config", MTP3)
     kv = next(a for a in own.args if a.flag == "--kv-cache-dtype")
@@ -539,7 +552,8 @@ def test_a_record_with_something_missing_never_fills_and_is_quoted_where_it_matc
 def test_no_launch_we_exec_silently_starts_a_drafter_that_refuses_its_kv(vllm, user):
     """The property: with MTP and fp8 KV on a release whose own backends refuse fp8 on SM75, the
     drafter is named a backend that serves it, or the plan says vLLM is expected to fail."""
-    from caovan_vllm_sm75_turbo3.policy.attention import drafter_backend_needed, vllm_fp8_kv_on_sm75
+    from caovan_vllm_sm75_turbo3.policy.attention import backend_serves_fp8_kv, drafter_backend_needed, vllm_fp8_kv_on_sm75
+    from caovan_vllm_sm75_turbo3.policy.engine_proofs import MTP_FP8_KV, proof_for
 
     r = fill(pinned_facts(vllm), *user)
     args = dict(zip(user[::2], user[1::2])) | filled(r)
@@ -551,4 +565,7 @@ def test_no_launch_we_exec_silently_starts_a_drafter_that_refuses_its_kv(vllm, u
         named = spec.get("attention_backend", "").upper() == need
         assert (judged(pinned_facts(vllm), r, *user) is None) == named, args
     if "--speculative-config" not in user and "--kv-cache-dtype" not in user:
-        assert not (spec and need), args   # what we fill alone is never that pair unproven
+        # what we fill alone is never that pair unproven, nor fp8 KV on a backend that refuses it
+        assert not (spec and need) or proof_for(MTP_FP8_KV, vllm, need, kv) is not None, args
+        backend = args.get("--attention-backend")
+        assert not (kv.startswith("fp8") and backend) or backend_serves_fp8_kv(vllm, backend, decision_for(pinned_facts(vllm)).turbo), args

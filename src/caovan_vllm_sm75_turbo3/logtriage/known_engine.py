@@ -211,10 +211,10 @@ ENGINE: tuple[Signature, ...] = (
                "that backend refuses fp8 KV below SM89, even where our backend (CUSTOM) serves the model's "
                "layers."),
         fix=('Add "attention_backend":"CUSTOM" to --speculative-config (for example '
-             '\'{"method":"mtp","num_speculative_tokens":3,"attention_backend":"CUSTOM"}\'; in our engine check '
-             'on 0.24 it starts and matches plain greedy, a prefix-cache hit under it not yet shown), or '
-             'serve fp16 KV (--kv-cache-dtype auto). `caovan-vllm-serve` fills fp16 KV beside MTP it fills, '
-             'and names the drafter\'s backend when you ask for fp8.')),
+             '\'{"method":"mtp","num_speculative_tokens":3,"attention_backend":"CUSTOM"}\'; our engine check '
+             'proved it exact on 0.24, a prefix-cache hit under MTP among its prompts), or serve fp16 KV '
+             '(--kv-cache-dtype auto). `caovan-vllm-serve` fills fp8 KV beside MTP on 0.24 with the drafter\'s '
+             'backend named, fp16 KV on releases the check has not run, and names it when you ask for fp8.')),
     # triton/language/core.py: "type fp8e4nv not supported in this architecture. The supported fp8
     # dtypes are ..." (e4m3 needs SM89); vllm/platforms/cuda.py: "No valid attention backend found
     # for cuda with AttentionSelectorConfig(... kv_cache_dtype=fp8 ...). Reasons: {...}"; the Triton

@@ -35,6 +35,18 @@ def fp8_kv_on_sm75(version: str | vv.Release | None, turbo: TurboDecision | None
     return vllm_fp8_kv_on_sm75(version) or (turbo is not None and our_backend_problem(version, turbo) is None)
 
 
+def backend_serves_fp8_kv(version: str | vv.Release | None, backend: str,
+                          turbo: TurboDecision | None = None) -> bool:
+    """Whether the attention backend a user named serves fp8 KV on SM75 with this release: ours given
+    the Turbo decision, TRITON_ATTN and FLASHINFER where the release lets them (up to 0.23)."""
+    release = vv.release(version)
+    name = backend.strip().upper()
+    if name == OUR_BACKEND:
+        return turbo is not None and our_backend_problem(release, turbo) is None
+    return bool({"TRITON_ATTN": release.has("triton-attn-fp8-kv-on-sm75"),
+                 "FLASHINFER": release.has("flashinfer-on-sm75")}.get(name))
+
+
 def drafter_backend_needed(version: str | vv.Release | None, kv: str | None) -> str | None:
     """The attention backend a speculative drafter must be named (speculative_config.attention_backend)
     for this KV cache dtype to start on SM75: ours where fp8 KV rests on it, since the drafter never

@@ -6,7 +6,8 @@ from typing import Any
 
 from ..kernels.attention.configs import FP8_CACHE_DTYPES
 from . import vllm_versions as vv
-from .attention import OUR_BACKEND, drafter_backend_needed, fp8_kv_on_sm75, our_backend_problem, vllm_fp8_kv_on_sm75
+from .attention import (OUR_BACKEND, backend_serves_fp8_kv, drafter_backend_needed, fp8_kv_on_sm75,
+                        our_backend_problem, vllm_fp8_kv_on_sm75)
 from .engine_proofs import MTP_FP8_KV, gap_for, proof_for
 from .drafter import DRAFTER_WHY, named_backend, user_speculative_config
 from .fill_decode import SpecChoice
@@ -22,10 +23,16 @@ def fill_kv_cache_dtype(f: Filler, launch: dict[str, Any], version: str | None, 
     MTP (`spec`) only where its drafter can be given a backend for it and our engine check proved
     that pair (data/engine_proofs.json). Returns the effective one."""
     kv_pref = launch.get("kv_cache_dtype")
+    backend = f.user_value("--attention-backend")
+    refused = isinstance(backend, str) and not backend_serves_fp8_kv(version, backend, turbo)
     if kv_pref:
         served = kv_pref in KV_BYTES and fp8_kv_on_sm75(version, turbo)
         without = _fp8_without_mtp(f, kv_pref, version, spec) if served else None
-        if without:
+        if served and refused:
+            f.fill("--kv-cache-dtype", "auto", f"the profile asks {kv_pref}, but your --attention-backend {backend} "
+                   f"(kept as given) does not serve fp8 KV on SM75 with vLLM {version}: fp16 KV; "
+                   f"{_fp8_backends(version, turbo)} serves it")
+        elif without:
             f.fill("--kv-cache-dtype", "auto", without)
         elif kv_pref in KV_BYTES and not served:
             f.fill("--kv-cache-dtype", "auto", f"the profile asks {kv_pref}, but vLLM {version} has no attention "
@@ -43,7 +50,17 @@ def fill_kv_cache_dtype(f: Filler, launch: dict[str, Any], version: str | None, 
     if isinstance(kv_given, str) and kv_given in KV_BYTES and not fp8_kv_on_sm75(version, turbo):
         f.warnings.append(f"--kv-cache-dtype {kv_given} kept as given, but vLLM {version} has no backend that "
                           "serves fp8 KV on SM75: the start will fail")
+    elif isinstance(kv_given, str) and kv_given in KV_BYTES and refused:
+        f.warnings.append(f"--kv-cache-dtype {kv_given} and --attention-backend {backend} kept as given, but that "
+                          f"backend does not serve fp8 KV on SM75 with vLLM {version}: the start will fail; "
+                          f"{_fp8_backends(version, turbo)} serves it")
     return f.effective("--kv-cache-dtype") or "auto"
+
+
+def _fp8_backends(version: str | None, turbo: TurboDecision) -> str:
+    """The --attention-backend values that serve fp8 KV on SM75 with this release, for a fix line."""
+    names = [b for b in (OUR_BACKEND, "TRITON_ATTN", "FLASHINFER") if backend_serves_fp8_kv(version, b, turbo)]
+    return " or ".join(f"--attention-backend {b}" for b in names)
 
 
 def _fp8_without_mtp(f: Filler, kv: str, version: str | None, spec: SpecChoice | None) -> str | None:
