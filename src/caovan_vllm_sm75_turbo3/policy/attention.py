@@ -14,10 +14,14 @@ from .turbo import ATTENTION_KERNELS, TurboDecision
 OUR_BACKEND = "CUSTOM"  # the --attention-backend name our backend registers as (plugin/attention): its one home
 
 
+# vLLM's own backends that serve fp8 KV on SM75, each with the release feature that lets it.
+VLLM_FP8_BACKENDS = {"TRITON_ATTN": "triton-attn-fp8-kv-on-sm75", "FLASHINFER": "flashinfer-on-sm75"}
+
+
 def vllm_fp8_kv_on_sm75(version: str | vv.Release | None) -> bool:
     """Whether one of this vLLM release's own attention backends serves fp8 KV on SM75."""
     release = vv.release(version)
-    return bool(release.has("triton-attn-fp8-kv-on-sm75") or release.has("flashinfer-on-sm75"))
+    return any(release.has(feature) for feature in VLLM_FP8_BACKENDS.values())
 
 
 def our_backend_problem(version: str | vv.Release | None, turbo: TurboDecision) -> str | None:
@@ -35,16 +39,18 @@ def fp8_kv_on_sm75(version: str | vv.Release | None, turbo: TurboDecision | None
     return vllm_fp8_kv_on_sm75(version) or (turbo is not None and our_backend_problem(version, turbo) is None)
 
 
+def fp8_kv_backends(version: str | vv.Release | None, turbo: TurboDecision | None = None) -> tuple[str, ...]:
+    """The --attention-backend names that serve fp8 KV on SM75 with this release: ours given the Turbo
+    decision, then vLLM's own where the release lets them (up to 0.23)."""
+    release = vv.release(version)
+    ours = (OUR_BACKEND,) if turbo is not None and our_backend_problem(release, turbo) is None else ()
+    return ours + tuple(name for name, feature in VLLM_FP8_BACKENDS.items() if release.has(feature))
+
+
 def backend_serves_fp8_kv(version: str | vv.Release | None, backend: str,
                           turbo: TurboDecision | None = None) -> bool:
-    """Whether the attention backend a user named serves fp8 KV on SM75 with this release: ours given
-    the Turbo decision, TRITON_ATTN and FLASHINFER where the release lets them (up to 0.23)."""
-    release = vv.release(version)
-    name = backend.strip().upper()
-    if name == OUR_BACKEND:
-        return turbo is not None and our_backend_problem(release, turbo) is None
-    return bool({"TRITON_ATTN": release.has("triton-attn-fp8-kv-on-sm75"),
-                 "FLASHINFER": release.has("flashinfer-on-sm75")}.get(name))
+    """Whether the attention backend a user named serves fp8 KV on SM75 with this release."""
+    return backend.strip().upper() in fp8_kv_backends(version, turbo)
 
 
 def drafter_backend_needed(version: str | vv.Release | None, kv: str | None) -> str | None:

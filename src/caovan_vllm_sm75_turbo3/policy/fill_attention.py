@@ -6,8 +6,8 @@ from typing import Any
 
 from ..kernels.attention.configs import FP8_CACHE_DTYPES
 from . import vllm_versions as vv
-from .attention import (OUR_BACKEND, backend_serves_fp8_kv, drafter_backend_needed, fp8_kv_on_sm75,
-                        our_backend_problem, vllm_fp8_kv_on_sm75)
+from .attention import (OUR_BACKEND, backend_serves_fp8_kv, drafter_backend_needed, fp8_kv_backends,
+                        fp8_kv_on_sm75, our_backend_problem, vllm_fp8_kv_on_sm75)
 from .engine_proofs import MTP_FP8_KV, gap_for, proof_for
 from .drafter import DRAFTER_WHY, named_backend, user_speculative_config
 from .fill_decode import SpecChoice
@@ -59,8 +59,7 @@ def fill_kv_cache_dtype(f: Filler, launch: dict[str, Any], version: str | None, 
 
 def _fp8_backends(version: str | None, turbo: TurboDecision) -> str:
     """The --attention-backend values that serve fp8 KV on SM75 with this release, for a fix line."""
-    names = [b for b in (OUR_BACKEND, "TRITON_ATTN", "FLASHINFER") if backend_serves_fp8_kv(version, b, turbo)]
-    return " or ".join(f"--attention-backend {b}" for b in names)
+    return " or ".join(f"--attention-backend {b}" for b in fp8_kv_backends(version, turbo))
 
 
 def _fp8_without_mtp(f: Filler, kv: str, version: str | None, spec: SpecChoice | None) -> str | None:
