@@ -258,9 +258,12 @@ def spec_summary(outdir: Path, shim: str) -> dict[str, Any]:
             continue
         judged[name] = judge_speculative(run, runs[base])
         problems += [f"{name}: {p}" for p in judged[name]["problems"]]
-    ratios = {base: graph_ratios(runs[twin], run) for name, run in runs.items()
-              if name.endswith("-full") for base in [name[:-len("-full")]]
-              for twin in [piecewise_twin(base, runs)] if twin}
+    ratios: dict[str, Any] = {}
+    for name, run in runs.items():
+        base = name.removesuffix("-full")
+        twin = piecewise_twin(base, runs) if base != name else None
+        if twin:
+            ratios[base] = graph_ratios(runs[twin], run)
     return {"shim": shim, "runs": sorted(runs), "speculative": judged, "full_over_piecewise": ratios,
             "cudagraph_modes": {n: r.get("cudagraph_mode") for n, r in runs.items()}, "problems": problems}
 
