@@ -5,10 +5,12 @@ the lent GPU)."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import statistics
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 from types import SimpleNamespace
@@ -80,6 +82,82 @@ def test_flash_attn_python_files_travel_and_its_extensions_and_the_dropped_parts
     proc = subprocess.run([sys.executable, "-c", "import vllm.vllm_flash_attn"], cwd=tmp_path / "imp",
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and "ImportError" in proc.stderr
+
+
+def test_flashinfer_travels_with_its_sources_and_the_cutlass_headers_its_jit_names_only(tmp_path):
+    c = pack.CUTLASS
+    files = {"flashinfer/__init__.py": b"", "flashinfer/prefill.py": b"x = 1\n",
+             "flashinfer/data/csrc/batch_prefill.cu": b"//", "flashinfer/data/include/flashinfer/mma.cuh": b"//",
+             c + "include/cute/tensor.hpp": b"//", c + "tools/util/include/cutlass/util/device_memory.h": b"//",
+             c + "examples/00_basic_gemm/basic_gemm.cu": b"//", c + "python/cutlass/__init__.py": b"",
+             c + "test/unit/gemm.cu": b"//", c + "tools/profiler/src/main.cpp": b"//",
+             "flashinfer/__pycache__/prefill.cpython-312.pyc": b"",
+             "flashinfer_python-0.6.8.post1.dist-info/METADATA": b"Name: flashinfer-python\n"}
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    _wheel(cache / "flashinfer_python-0.6.8.post1-py3-none-any.whl", files)
+    archive = tmp_path / "out" / pack.FLASHINFER_ARCHIVE
+    archive.parent.mkdir()
+    pack.pack_flashinfer("0.6.8.post1", cache, archive)   # in the cache: nothing downloaded
+    with tarfile.open(archive) as tar:
+        kept = sorted(m.name.split("/", 1)[1] for m in tar.getmembers() if m.isfile())
+    assert kept == sorted(["flashinfer/__init__.py", "flashinfer/prefill.py", "flashinfer/data/csrc/batch_prefill.cu",
+                           "flashinfer/data/include/flashinfer/mma.cuh", c + "include/cute/tensor.hpp",
+                           c + "tools/util/include/cutlass/util/device_memory.h",
+                           "flashinfer_python-0.6.8.post1.dist-info/METADATA"])
+    assert sorted(p.name for p in archive.parent.iterdir()) == [pack.FLASHINFER_ARCHIVE]   # no stage left
+
+
+def test_the_pins_read_from_a_vllm_wheel_name_torch_and_flashinfer(tmp_path):
+    wheel = tmp_path / "v.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("vllm-0.21.0.dist-info/METADATA", "Name: vllm\nRequires-Dist: torch==2.11.0\n"
+                    "Requires-Dist: flashinfer-python==0.6.8.post1\nRequires-Dist: flashinfer-cubin==0.6.8.post1\n"
+                    "Requires-Dist: xformers==0.0.1; platform_system == 'Linux'\n")
+    assert pack.pin(wheel, "torch") == "2.11.0" and pack.pin(wheel, "flashinfer-python") == "0.6.8.post1"
+    assert pack.pin(wheel, "xformers") == "0.0.1" and pack.pin(wheel, "flashinfer") is None
+
+
+@pytest.mark.vllm
+def test_every_cutlass_folder_flashinfers_jit_names_is_carried(tmp_path):
+    """Against the FlashInfer that vLLM 0.21.0 pins (the full lane): the -isystem folders of the build
+    file its JIT writes for the Turing prefill module fall inside what pack.py keeps."""
+    code = ("import torch, flashinfer, pathlib\n"
+            "from flashinfer.jit.attention import gen_batch_prefill_module\n"
+            "spec = gen_batch_prefill_module('fa2', torch.float16, torch.float16, torch.float16, torch.int32,"
+            " 256, 256, 0, False, False, False)\n"
+            "spec.write_ninja()\n"
+            "print(pathlib.Path(flashinfer.__file__).parent)\n"
+            "print(spec.ninja_path.read_text())\n")
+    env = {**os.environ, "FLASHINFER_CUDA_ARCH_LIST": "7.5", "FLASHINFER_WORKSPACE_BASE": str(tmp_path),
+           "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    root, ninja = proc.stdout.split("\n", 1)
+    folders = [w for line in ninja.splitlines() for w in line.split() if w.startswith(root + "/data/")]
+    assert folders and any("cutlass" in f for f in folders)
+    for folder in folders:
+        name = "flashinfer/" + folder[len(root) + 1:].rstrip("/") + "/"
+        assert pack.flashinfer_carried(name + "x.h"), name
+    assert "code=sm_75" in ninja   # what nvcc_ptx.sh turns into PTX
+
+
+def test_nvcc_ptx_makes_turing_machine_code_ptx_and_passes_every_other_argument_as_it_was(tmp_path):
+    record = tmp_path / "nvcc"
+    record.write_text('#!/usr/bin/env bash\nfor a in "$@"; do printf "%s\\n" "$a"; done\n')
+    record.chmod(0o755)
+    args = ["-gencode=arch=compute_75,code=sm_75", "-gencode=arch=compute_90a,code=sm_90a", "-I", "/a dir/with space",
+            "-DNAME=code=sm_75x", "-c", "k.cu", "-o", "k.o"]
+    proc = subprocess.run(["bash", str(ENGINE / "nvcc_ptx.sh"), *args], capture_output=True, text=True, timeout=30,
+                          env={**os.environ, "NVCC": str(record)})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["-gencode=arch=compute_75,code=compute_75", args[1], "-I", "/a dir/with space",
+                                        "-DNAME=code=compute_75x", "-c", "k.cu", "-o", "k.o"]
+    failing = tmp_path / "bad"
+    failing.write_text("#!/usr/bin/env bash\nexit 7\n")
+    failing.chmod(0o755)
+    assert subprocess.run(["bash", str(ENGINE / "nvcc_ptx.sh")], env={**os.environ, "NVCC": str(failing)},
+                          timeout=30).returncode == 7   # the compiler's failure is the build's
 
 
 def test_a_flash_attn_init_without_the_known_guard_stops_the_pack(tmp_path):
@@ -193,11 +271,15 @@ def test_run_device_names_every_mode_it_runs_and_refuses_an_unknown_one(tmp_path
     script = ROOT / "benchmarks/engine/run_device.sh"
     src = script.read_text()
     body = src[src.index("mode_args()"):src.index("\nEND=")]
-    for mode, plugin in (("on", "on"), ("off", "off"), ("on-ngram", "on"), ("on-custom", "on"), ("on-custom-fp8", "on")):
+    for mode, plugin in (("on", "on"), ("off", "off"), ("on-ngram", "on"), ("on-custom", "on"), ("on-custom-fp8", "on"),
+                         ("on-flashinfer", "on"), ("on-flashinfer-fp8", "on"), ("on-flashinfer-mtp", "on")):
         proc = subprocess.run(["bash", "-c", body + f'\nmode_args "{mode}"'], capture_output=True, text=True, timeout=30)
         assert proc.returncode == 0 and proc.stdout.split()[0] == plugin, (mode, proc.stdout, proc.stderr)
     assert "CUSTOM" in subprocess.run(["bash", "-c", body + "\nmode_args on-custom-fp8"], capture_output=True,
                                       text=True, timeout=30).stdout
+    fp8 = subprocess.run(["bash", "-c", body + "\nmode_args on-flashinfer-fp8"], capture_output=True, text=True,
+                         timeout=30).stdout
+    assert "--attention-backend FLASHINFER" in fp8 and "--kv-cache-dtype fp8" in fp8
     proc = subprocess.run(["bash", "-c", body + "\nmode_args sideways"], capture_output=True, text=True, timeout=30)
     assert proc.returncode != 0 and "unknown mode 'sideways'" in proc.stderr
 

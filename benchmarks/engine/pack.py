@@ -14,6 +14,11 @@ What it writes:
   but the lent GPU's: see fatbin.py) and the wheels of `carry_wheels_<release>.txt` (less
   xgrammar's static library).
 - `.carry/caovan/`: our own wheel, built from this checkout.
+- with `--flashinfer`, `.carry/flashinfer.tar.xz`: the FlashInfer release this vLLM pins (its Python
+  files, kernel sources and the CUTLASS headers its JIT names; about 3 MiB), for the engine check's
+  FLASHINFER modes. FlashInfer compiles its kernels on the device (nvcc_ptx.sh makes them sm_75
+  PTX in sm75 mode); its prebuilt cubins and the cuDNN and CuTe DSL packages stay behind (the
+  sm_75 FA2 path imports neither).
 On the device, `run_device.sh` unpacks them under /tmp and runs the engine check.
 """
 
@@ -47,6 +52,11 @@ FLASH_ATTN_INIT = FLASH_ATTN + "__init__.py"
 # The guard in that __init__ that raises when neither compiled extension is there (0.21 to 0.24).
 FLASH_ATTN_GUARD = "if not (FA2_AVAILABLE or FA3_AVAILABLE):"
 FLASH_ATTN_UNGUARDED = "if False:  # pack.py: the extensions were left out on purpose; TRITON_ATTN serves"
+# FlashInfer's JIT builds from the sources in its wheel; of CUTLASS it names only these two header
+# folders (-isystem in its build.ninja): the examples, Python DSL, tests and tools stay behind.
+CUTLASS = "flashinfer/data/cutlass/"
+CUTLASS_KEPT = (CUTLASS + "include/", CUTLASS + "tools/util/include/")
+FLASHINFER_ARCHIVE = "flashinfer.tar.xz"
 PLATFORMS = ("manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_24_x86_64", "manylinux_2_26_x86_64",
              "manylinux_2_27_x86_64", "manylinux_2_28_x86_64", "manylinux_2_31_x86_64", "manylinux1_x86_64",
              "manylinux_2_5_x86_64", "linux_x86_64")
@@ -68,12 +78,13 @@ def vllm_wheel(cache: Path, version: str) -> Path:
     return found[0]
 
 
-def torch_pin(wheel: Path) -> str | None:
-    """The `torch==X` version the wheel's metadata pins (its compiled ops need that torch)."""
+def pin(wheel: Path, package: str) -> str | None:
+    """The `package==X` version the wheel's metadata pins (vLLM's compiled ops need that torch;
+    its FlashInfer backend that FlashInfer)."""
     with zipfile.ZipFile(wheel) as zf:
         meta = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
         for line in zf.read(meta).decode().splitlines():
-            if line.startswith("Requires-Dist: torch=="):
+            if line.startswith(f"Requires-Dist: {package}=="):
                 return line.split("==", 1)[1].split(";")[0].strip()
     return None
 
@@ -125,6 +136,31 @@ def install_wheels(pins: Path, site: Path, cache: Path) -> None:
     shutil.rmtree(site / "bin", ignore_errors=True)
 
 
+def flashinfer_carried(name: str) -> bool:
+    """Whether a file of the FlashInfer wheel travels."""
+    if "/__pycache__/" in name:
+        return False
+    return not name.startswith(CUTLASS) or name.startswith(CUTLASS_KEPT)
+
+
+def pack_flashinfer(version: str, cache: Path, archive: Path) -> None:
+    """FlashInfer `version` (one pure-Python wheel), less what its JIT never reads, as `archive`."""
+    found = sorted(cache.glob(f"flashinfer_python-{version}-*.whl"))
+    if not found:
+        pip("download", "-q", "--no-deps", "-d", str(cache), f"flashinfer-python=={version}")
+        found = sorted(cache.glob(f"flashinfer_python-{version}-*.whl"))
+    stage = archive.parent / "stage-flashinfer"
+    shutil.rmtree(stage, ignore_errors=True)
+    with zipfile.ZipFile(found[0]) as zf:
+        for name in zf.namelist():
+            if flashinfer_carried(name):
+                zf.extract(name, stage / "flashinfer-site")
+    with tarfile.open(archive, "w:xz", preset=6) as tar:
+        tar.add(stage / "flashinfer-site", arcname="flashinfer-site")
+    shutil.rmtree(stage)
+    print(f"pack: {archive} {archive.stat().st_size / 2**20:.1f} MiB (FlashInfer {version})")
+
+
 def build_ours(dest: Path) -> None:
     """Our wheel from this checkout (no dependencies: the device has them)."""
     shutil.rmtree(dest, ignore_errors=True)
@@ -143,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=".carry", help="folder to write (default .carry, ignored by git)")
     parser.add_argument("--cache", default=str(Path.home() / ".cache" / "caovan-carry"),
                         help="where the vLLM wheel and pip's downloads are kept between runs")
+    parser.add_argument("--flashinfer", action="store_true",
+                        help="also pack the FlashInfer release this vLLM pins (flashinfer.tar.xz), for "
+                             "run_device.sh's FLASHINFER modes")
     args = parser.parse_args(argv)
     out, cache = Path(args.out), Path(args.cache)
     cache.mkdir(parents=True, exist_ok=True)
@@ -154,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.measure_only and not wheels.is_file():
         sys.exit(f"pack: no list of wheels for vLLM {args.vllm}: {wheels} (write one, or pass --wheels)")
     wheel = vllm_wheel(cache, args.vllm)
-    pinned = torch_pin(wheel)
+    pinned = pin(wheel, "torch")
     print(f"pack: {wheel.name} (needs torch {pinned}; the lent machine has {DEVICE_TORCH})")
     unpack_vllm(wheel, site)
     if not args.measure_only:
@@ -166,6 +205,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.measure_only:
         print(f"pack: {archive} {archive.stat().st_size / 2**20:.1f} MiB (vLLM alone)")
         return 0 if pinned == DEVICE_TORCH else 2
+    (out / FLASHINFER_ARCHIVE).unlink(missing_ok=True)
+    if args.flashinfer:
+        version = pin(wheel, "flashinfer-python")
+        if version is None:
+            sys.exit(f"pack: vLLM {args.vllm} pins no flashinfer-python release to pack")
+        pack_flashinfer(version, cache, out / FLASHINFER_ARCHIVE)
     build_ours(out / "caovan")
     total = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
     print(f"pack: {archive} {archive.stat().st_size / 2**20:.1f} MiB; .carry in all {total / 2**20:.1f} MiB "

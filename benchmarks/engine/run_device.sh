@@ -9,7 +9,10 @@
 #   on-ngram         plugin on, n-gram speculation against plain greedy
 #   on-custom        plugin on, our attention backend (--attention-backend CUSTOM), --speed
 #   on-custom-fp8    the same with fp8 (e4m3) KV
-#   <mode>-mtp       any of on, on-custom, on-custom-fp8 with MTP (--spec mtp, DRAFT draft tokens, default
+#   on-flashinfer    plugin on, --attention-backend FLASHINFER, --speed (needs pack.py --flashinfer: its
+#                    kernels are built there by FlashInfer's JIT, as sm_75 PTX in sm75 mode: nvcc_ptx.sh)
+#   on-flashinfer-fp8  the same with fp8 (e4m3) KV
+#   <mode>-mtp       any of the on modes but on-ngram with MTP (--spec mtp, DRAFT draft tokens, default
 #                    3; DRAFT_ATTN=B gives the drafter attention backend B, else vLLM 0.24+ picks its own); where <mode><TAG>.json is already in $OUT (run it first, same call), its greedy tokens
 #                    are replayed as drafts and decode is timed at each acceptance 0..N (--reference)
 #   <mode>-mtp-unfixed  the same without our fix of MTP prefix-cache hits (--cache-fix off)
@@ -30,6 +33,9 @@ HERE=benchmarks/engine
 if [ ! -d $E2E/site ]; then
   mkdir -p $E2E && tar xJf "$CARRY/site.tar.xz" -C $E2E || exit 3
   python3 -m pip install -q --no-index --no-deps --no-compile --target $E2E/ours "$CARRY"/caovan/*.whl || exit 3
+fi
+if [ -f "$CARRY/flashinfer.tar.xz" ] && [ ! -d $E2E/flashinfer-site ]; then
+  tar xJf "$CARRY/flashinfer.tar.xz" -C $E2E || exit 3
 fi
 export TRITON_PTXAS_PATH=${TRITON_PTXAS_PATH:-/usr/local/cuda/bin/ptxas}   # Triton 3.6's own is older than CUDA 13
 export CAOVAN_FACTS=$PWD/$HERE/facts-sm75-proxy.json
@@ -53,7 +59,10 @@ mode_args() {   # MODE -> plugin state, then engine_check arguments
     on-ngram) echo "on --ngram" ;;
     on-custom) echo "on --speed --attention-backend CUSTOM" ;;
     on-custom-fp8) echo "on --speed --attention-backend CUSTOM --kv-cache-dtype fp8" ;;
-    *) echo "run_device.sh: unknown mode '$1' (on, off, on-ngram, on-custom, on-custom-fp8, each of the on modes with -mtp)" >&2; return 1 ;;
+    on-flashinfer) echo "on --speed --attention-backend FLASHINFER" ;;
+    on-flashinfer-fp8) echo "on --speed --attention-backend FLASHINFER --kv-cache-dtype fp8" ;;
+    *) echo "run_device.sh: unknown mode '$1' (on, off, on-ngram, on-custom, on-custom-fp8, on-flashinfer," \
+            "on-flashinfer-fp8, each of the on modes with -mtp)" >&2; return 1 ;;
   esac
 }
 
@@ -71,10 +80,19 @@ run_mode() {   # MODE
   [ "$plugin" = on ] && path=$E2E/ours:$path
   cache=$name
   [ "${CACHE:-mode}" = plugin ] && cache=$SHIM-$plugin
+  local fi_env=()
+  if [[ "$spec" == *FLASHINFER* ]]; then   # FlashInfer only where a mode asks it: the others run as before
+    if [ ! -d $E2E/flashinfer-site ]; then
+      echo "== $name skipped: no FlashInfer in $CARRY (python3 benchmarks/engine/pack.py --flashinfer)"; return 0
+    fi
+    path=$E2E/flashinfer-site:$path
+    fi_env=(CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}" FLASHINFER_WORKSPACE_BASE=$E2E/flashinfer-$cache)
+    [ "$SHIM" = sm75 ] && fi_env+=(FLASHINFER_CUDA_ARCH_LIST=7.5 "FLASHINFER_NVCC=bash $PWD/$HERE/nvcc_ptx.sh")   # bash: whether or not the copy kept its mode
+  fi
   if [ "$(left)" -lt 60 ]; then echo "== $name skipped: $(left) s left"; return 0; fi
   echo "== $name (plugin $plugin, limit $(left) s) $(date -u +%T)"
   # shellcheck disable=SC2086  # the mode's arguments and ARGS are words
-  PYTHONPATH=$path TRITON_CACHE_DIR=$E2E/triton-$cache VLLM_CACHE_ROOT=$E2E/vllm-$cache \
+  env ${fi_env[@]+"${fi_env[@]}"} PYTHONPATH=$path TRITON_CACHE_DIR=$E2E/triton-$cache VLLM_CACHE_ROOT=$E2E/vllm-$cache \
     timeout -k 10 "$(left)" python3 $HERE/engine_check.py --model $HERE/qwen36-27b-tp2-8layer \
       --shim "$SHIM" --out "$OUTDIR/$name.json" ${spec#* } ${ARGS:-} > "$OUTDIR/$name.log" 2>&1
   echo "   exit $? $(date -u +%T); $(grep -c 'Caovan' "$OUTDIR/$name.log") Caovan lines"
