@@ -69,13 +69,19 @@ def pip(*args: str) -> None:
         sys.exit(f"pack: pip {' '.join(args[:2])} failed:\n{proc.stderr[-3000:]}")
 
 
+def cached_wheel(cache: Path, project: str, version: str) -> Path:
+    """The wheel of `project` `version` in `cache`, downloaded once."""
+    pattern = f"{project.replace('-', '_')}-{version}-*.whl"   # a wheel's file name spells - as _
+    found = sorted(cache.glob(pattern))
+    if not found:
+        pip("download", "-q", "--no-deps", "-d", str(cache), f"{project}=={version}")
+        found = sorted(cache.glob(pattern))
+    return found[0]
+
+
 def vllm_wheel(cache: Path, version: str) -> Path:
     """The vLLM wheel of `version` (abi3, one file for every Python 3.8+), downloaded once."""
-    found = sorted(cache.glob(f"vllm-{version}-*.whl"))
-    if not found:
-        pip("download", "-q", "--no-deps", "-d", str(cache), f"vllm=={version}")
-        found = sorted(cache.glob(f"vllm-{version}-*.whl"))
-    return found[0]
+    return cached_wheel(cache, "vllm", version)
 
 
 def pin(wheel: Path, package: str) -> str | None:
@@ -145,13 +151,10 @@ def flashinfer_carried(name: str) -> bool:
 
 def pack_flashinfer(version: str, cache: Path, archive: Path) -> None:
     """FlashInfer `version` (one pure-Python wheel), less what its JIT never reads, as `archive`."""
-    found = sorted(cache.glob(f"flashinfer_python-{version}-*.whl"))
-    if not found:
-        pip("download", "-q", "--no-deps", "-d", str(cache), f"flashinfer-python=={version}")
-        found = sorted(cache.glob(f"flashinfer_python-{version}-*.whl"))
+    wheel = cached_wheel(cache, "flashinfer-python", version)
     stage = archive.parent / "stage-flashinfer"
     shutil.rmtree(stage, ignore_errors=True)
-    with zipfile.ZipFile(found[0]) as zf:
+    with zipfile.ZipFile(wheel) as zf:
         for name in zf.namelist():
             if flashinfer_carried(name):
                 zf.extract(name, stage / "flashinfer-site")
