@@ -36,7 +36,7 @@ def our_backend_problem(version: str | vv.Release | None, turbo: TurboDecision) 
 
 def fp8_kv_on_sm75(version: str | vv.Release | None, turbo: TurboDecision | None = None) -> bool:
     """Whether fp8 KV is served on SM75: by vLLM's own backends, or by ours given the Turbo decision."""
-    return vllm_fp8_kv_on_sm75(version) or (turbo is not None and our_backend_problem(version, turbo) is None)
+    return bool(fp8_kv_backends(version, turbo))
 
 
 def fp8_kv_backends(version: str | vv.Release | None, turbo: TurboDecision | None = None) -> tuple[str, ...]:
