@@ -35,6 +35,7 @@ BAD = [  # (vLLM arguments, the refusal's start)
     ([MODEL, "-tp", "two"], "--tensor-parallel-size 'two' is not accepted"),
     ([MODEL, "-tp", "4"], "--tensor-parallel-size 4 needs 4 GPUs, 2 are visible"),
     ([MODEL, "-tp", "2", "-pp", "2"], "--tensor-parallel-size 2 x --pipeline-parallel-size 2 needs 4 GPUs"),
+    ([MODEL, "-pp", "3"], "--pipeline-parallel-size 3 x --tensor-parallel-size 1 needs 3 GPUs, 2 are visible"),
     ([MODEL, "--gpu-memory-utilization", "0"], "--gpu-memory-utilization '0' is not accepted: a number > 0 and <= 1"),
     ([MODEL, "--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization '1.5' is not accepted"),
     ([MODEL, "--gpu-memory-utilization=nan"], "--gpu-memory-utilization 'nan' is not accepted"),

@@ -295,7 +295,9 @@ def check_launch_args(args: VllmArgs, visible_gpus: int) -> CheckedArgs:
     tp, pp = numbers.tensor_parallel_size or 1, numbers.pipeline_parallel_size or 1
     ray = args.value("--distributed-executor-backend") == "ray"   # the Ray cluster's GPUs count, not this node's
     if visible_gpus and (numbers.nnodes or 1) == 1 and not ray and tp * pp > visible_gpus:
-        given = f"--tensor-parallel-size {tp}" + (f" x --pipeline-parallel-size {pp}" if pp > 1 else "")
+        sizes = [("--tensor-parallel-size", tp)] + ([("--pipeline-parallel-size", pp)] if pp > 1 else [])
+        sizes.sort(key=lambda size: not args.given(size[0]))   # the line starts with a flag the user gave
+        given = " x ".join(f"{flag} {n}" for flag, n in sizes)
         errors.append(f"{given} needs {tp * pp} GPUs, {visible_gpus} are visible: at most {visible_gpus} "
                       "on one node (CUDA_VISIBLE_DEVICES and the facts decide which are visible), or several "
                       "nodes with --nnodes or --distributed-executor-backend ray")
