@@ -3,4 +3,4 @@
 Importing this package is cheap: it never imports torch, triton or vllm.
 """
 
-__version__ = "0.6.4"
+__version__ = "0.6.5"
